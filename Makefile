@@ -1,0 +1,33 @@
+# draftgraph: every target creates .venv when it is missing and installs what the project needs.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.draftgraph-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-oracle.txt setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=23"
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps sglang==0.5.23
+	$(PY) -m pip install -q -r requirements-oracle.txt -c requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+bench: $(STAMP)
+	$(PY) scripts/bench_all.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check runtime graphs tests scripts
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,31 @@
+"""``eager`` backend: no capture at all; the manager calls the step on each batch as given.
+
+It is the reference (what a graph must match) and the choice when capture is disabled.
+The manager counts its runs as ``eager_runs`` (not replays, not eager fallbacks).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .backends import CapturedGraph, FlatStep
+
+__all__ = ["EagerBackend"]
+
+
+class EagerBackend:
+    """Backend that captures nothing (``captures`` is False)."""
+
+    name = "eager"
+    captures = False
+
+    def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """Run ``fn`` once."""
+        return fn(*args)
+
+    def capture(self, size: int, fn: FlatStep, args: tuple[Tensor, ...]) -> CapturedGraph:
+        """Not supported: the eager backend runs steps directly."""
+        raise RuntimeError(f"backend 'eager' does not capture graphs (asked for size {size})")
+
+    def release(self) -> None:
+        """Nothing to free."""

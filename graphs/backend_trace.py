@@ -1,0 +1,211 @@
+"""CPU ``trace`` backend: an aten graph recorded once per size with make_fx and replayed over static views.
+
+It has CUDA-graph semantics without a GPU: Python control flow and scalars are baked
+at capture, host syncs (``.item()``, ``.tolist()``, ``bool(t)``) and data-dependent
+shapes (``nonzero``, boolean indexing, ...) fail the capture, captured constants stay
+the very same tensors, in-place writes into inputs replay onto the static tensors, and
+fresh outputs land in static output buffers allocated once at the largest size and
+shared by every size (size s uses the first s rows), like a graph's memory pool.
+Replay runs the GraphModule from Python, so it is slower than eager on small steps: it
+is for capture semantics and node counts, not speed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .backends import FlatStep, check_outputs
+from .errors import GraphCaptureError
+from .hostsync import HOST_SYNC_OP, HostSyncGuard, host_sync_message
+
+__all__ = ["TraceBackend", "TraceGraph", "count_kernel_nodes"]
+
+logger = logging.getLogger(__name__)
+
+# Ops that launch nothing on a GPU even though fx records them as call_function nodes.
+_METADATA_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "sym_size sym_stride sym_numel sym_storage_offset detach alias _unsafe_view t view "
+        "expand slice select unsqueeze squeeze permute transpose as_strided reshape"
+    ).split()
+)
+# Ops whose output shape depends on tensor values: a GPU must sync with the host to size them.
+_DATA_DEPENDENT_OPS = frozenset(
+    "aten::" + op
+    for op in "nonzero masked_select _unique _unique2 unique_dim unique_consecutive".split()
+)
+
+
+def _qualified(target: object) -> str | None:
+    """``aten::name`` of an OpOverload target, None for anything else (operator.getitem, ...)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket._qualified_op_name
+    return None
+
+
+def count_kernel_nodes(gm: fx.GraphModule) -> int:
+    """call_function nodes that would launch a kernel: aten ops that are not views or metadata."""
+    count = 0
+    for node in gm.graph.nodes:
+        name = _qualified(node.target) if node.op == "call_function" else None
+        if name is None or name in _METADATA_OPS or node.target.is_view:
+            continue
+        count += 1
+    return count
+
+
+def _has_bool_index(node: fx.Node) -> bool:
+    """True for ``aten.index.Tensor`` with a boolean mask (its output size depends on the mask)."""
+    indices = node.args[1] if len(node.args) > 1 else ()
+    for idx in indices or ():
+        val = idx.meta.get("val") if isinstance(idx, fx.Node) else None
+        if isinstance(val, Tensor) and val.dtype in (torch.bool, torch.uint8):
+            return True
+    return False
+
+
+def _reject_data_dependent(gm: fx.GraphModule, size: int) -> None:
+    """Raise GraphCaptureError for ops whose output shape depends on values (host sync on GPU)."""
+    for node in gm.graph.nodes:
+        name = _qualified(node.target) if node.op == "call_function" else None
+        bad = name in _DATA_DEPENDENT_OPS or (
+            name == "aten::repeat_interleave" and node.kwargs.get("output_size") is None
+        ) or (name == "aten::index" and _has_bool_index(node))
+        if bad:
+            raise GraphCaptureError(
+                f"data-dependent shape op `{name}` inside a captured step at size {size}: "
+                "its output size needs a host sync on a GPU, so it cannot be captured; "
+                "use fixed-size ops (masks, torch.where, topk, nonzero_static)",
+                size=size,
+            )
+
+
+def _trace(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
+    """make_fx ``fn`` over ``args`` in real mode under the host-sync guard; (graph, real outputs)."""
+    seen: list[tuple[Tensor, ...]] = []
+
+    def traced(*static: Tensor) -> tuple[Tensor, ...]:
+        with HostSyncGuard(size):
+            outs = fn(*static)
+        seen.append(outs)
+        return outs
+
+    try:
+        gm = make_fx(traced, tracing_mode="real")(*args)
+    except GraphCaptureError:
+        raise
+    except RuntimeError as exc:
+        if HOST_SYNC_OP in str(exc):
+            raise GraphCaptureError(host_sync_message(HOST_SYNC_OP, size), size=size) from exc
+        raise
+    return gm, check_outputs(seen[-1], size)
+
+
+def _storage_key(t: Tensor) -> int:
+    """Identity of a tensor's storage (0 for storage-less or empty tensors)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _constant_storages(gm: fx.GraphModule) -> set[int]:
+    """Storages of the tensors the graph closes over (get_attr nodes)."""
+    keys: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, str(node.target), None)
+            if isinstance(value, Tensor):
+                keys.add(_storage_key(value))
+    return keys
+
+
+class TraceGraph:
+    """One recorded size: the GraphModule, its static views and where each output lands."""
+
+    def __init__(
+        self, gm: fx.GraphModule, args: tuple[Tensor, ...], size: int,
+        out_views: tuple[Tensor | None, ...], nodes: int, nbytes: int,
+    ) -> None:
+        self.size = size
+        self.nodes: int | None = nodes
+        self.nbytes = nbytes
+        self._gm: fx.GraphModule | None = gm
+        self._args = args
+        self._out_views = out_views
+
+    def replay(self) -> tuple[Tensor, ...]:
+        """Run the recorded graph; fresh outputs are copied into the shared static output buffers."""
+        if self._gm is None:
+            raise RuntimeError(f"trace graph for size {self.size} was released")
+        outs = self._gm(*self._args)
+        result = []
+        for out, view in zip(outs, self._out_views):
+            if view is None:
+                result.append(out)
+            else:
+                view.copy_(out)
+                result.append(view)
+        return tuple(result)
+
+    def release(self) -> None:
+        """Drop the graph module, views and output buffers it referenced."""
+        self._gm = None
+        self._args = ()
+        self._out_views = ()
+
+
+class TraceBackend:
+    """make_fx recorder owning the static output buffers shared by all sizes (its "pool")."""
+
+    name = "trace"
+    captures = True
+
+    def __init__(self, rows: int) -> None:
+        self._rows = rows
+        self._buffers: dict[int, Tensor] = {}
+
+    def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """Run ``fn`` eagerly once."""
+        return fn(*args)
+
+    def capture(self, size: int, fn: FlatStep, args: tuple[Tensor, ...]) -> TraceGraph:
+        """Record ``fn`` at ``size`` and place its fresh outputs in the shared buffers."""
+        gm, outs = _trace(fn, args, size)
+        _reject_data_dependent(gm, size)
+        aliased = _constant_storages(gm) | {_storage_key(a) for a in args}
+        views: list[Tensor | None] = []
+        nbytes = 0
+        for i, out in enumerate(outs):
+            key = _storage_key(out)
+            if key != 0 and key in aliased:
+                views.append(None)  # a view of a constant or static input: returned as is
+                continue
+            buffer, new_bytes = self._buffer_for(i, out)
+            nbytes += new_bytes
+            views.append(buffer[:size])
+        nodes = count_kernel_nodes(gm)
+        logger.debug("trace: captured size %d with %d kernel nodes", size, nodes)
+        return TraceGraph(gm, args, size, tuple(views), nodes, nbytes)
+
+    def _buffer_for(self, index: int, out: Tensor) -> tuple[Tensor, int]:
+        """Shared static buffer for output ``index`` shaped like ``out``; (buffer, bytes newly allocated)."""
+        buffer = self._buffers.get(index)
+        if buffer is not None and (buffer.shape[1:], buffer.dtype, buffer.device) == (
+            out.shape[1:], out.dtype, out.device,
+        ):
+            return buffer, 0
+        if buffer is not None:
+            logger.debug("trace: output %d changed shape/dtype across sizes; new buffer", index)
+        buffer = torch.empty((self._rows, *out.shape[1:]), dtype=out.dtype, device=out.device)
+        self._buffers[index] = buffer
+        return buffer, buffer.numel() * buffer.element_size()
+
+    def release(self) -> None:
+        """Drop the shared output buffers."""
+        self._buffers.clear()

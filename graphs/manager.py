@@ -1,0 +1,271 @@
+"""GraphCaptureManager: capture a step once per batch size over static buffers, then pad and replay.
+
+The manager never sees a model: it gets a callable ``step(**inputs)`` and the static
+input tensors it should read. Capture warms the step up eagerly at the largest size,
+then captures every size largest first into one shared pool (so smaller graphs reuse
+the larger one's memory). A batch of b rows is copied into the first b rows of the
+static inputs, pad rows are filled, the graph for the smallest captured size >= b
+replays, and outputs come back sliced to b rows. A batch above the largest size runs
+the step eagerly on the inputs as given and never touches the static buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from torch import Tensor
+
+from .backends import CapturedGraph, GraphBackend, check_outputs, flatten_outputs, make_backend, resolve_backend
+from .debug import DebugConfig, check_data_ptrs, compare_outputs
+from .errors import GraphCaptureError
+from .sizes import padded_size, padding_table
+from .spans import span
+from .static import PadValue, StaticInputs
+from .stats import ManagerStats, SizeCounters
+
+__all__ = ["GraphCaptureManager", "StepOutput"]
+
+logger = logging.getLogger(__name__)
+
+StepOutput = Tensor | tuple[Tensor, ...]
+
+
+def _check_sizes(capture_sizes: Iterable[int]) -> tuple[int, ...]:
+    """Sorted unique positive capture sizes."""
+    if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Iterable):
+        raise TypeError(f"capture_sizes={capture_sizes!r}: must be an iterable of ints")
+    sizes = list(capture_sizes)
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ValueError(f"capture_sizes contains {s!r}: every size must be an int >= 1")
+    return tuple(sorted(set(sizes)))
+
+
+class GraphCaptureManager:
+    """Captured graphs of one step, one per batch size, sharing static inputs and one pool.
+
+    ``step(**inputs)`` returns a tensor or a tuple of tensors whose dim 0 is the batch.
+    ``static_inputs`` (name -> tensor, dim 0 >= max(capture_sizes)) are owned by the
+    manager's graphs: never rebind or free them while captured. ``pad_values`` gives the
+    fill value of pad rows per input (default 0). ``backend`` is "auto", "cuda", "trace"
+    or "eager" (see ``resolve_backend``; "auto" follows the static inputs' device).
+    ``debug``/``debug_every`` switch on replay checks (default: DRAFTGRAPH_DEBUG and
+    DRAFTGRAPH_DEBUG_EVERY, read here). The eager backend captures nothing; its runs are
+    counted as ``eager_runs``.
+    """
+
+    def __init__(
+        self,
+        step: Callable[..., StepOutput],
+        static_inputs: Mapping[str, Tensor],
+        capture_sizes: Iterable[int],
+        backend: str = "auto",
+        pad_values: Mapping[str, PadValue] | None = None,
+        *,
+        debug: bool | None = None,
+        debug_every: int | None = None,
+    ) -> None:
+        if not callable(step):
+            raise TypeError(f"step={step!r}: must be callable")
+        sizes = _check_sizes(capture_sizes)
+        self._static = StaticInputs(static_inputs, pad_values, rows=max(sizes, default=0))
+        self._backend_name = resolve_backend(backend, device=self._static.device)
+        if not sizes and self._backend_name != "eager":
+            raise ValueError(f"capture_sizes is empty: backend {self._backend_name!r} needs at least one size")
+        if self._backend_name == "cuda" and any(d.type != "cuda" for d in self._static.devices()):
+            raise ValueError(f"static_inputs on {sorted(map(str, self._static.devices()))}: backend 'cuda' needs CUDA tensors")
+        self._step = step
+        self._sizes = sizes
+        self._table = padding_table(sizes)
+        self._debug = DebugConfig.resolve(debug, debug_every)
+        self._backend: GraphBackend | None = None
+        self._graphs: dict[int, CapturedGraph] = {}
+        self._counters: dict[int, SizeCounters] = {}
+        self._single_output = False
+        self._captured_ptrs: dict[str, int] = {}
+        self._captured = False
+        self._totals = dict(captures=0, replays=0, eager_fallbacks=0, eager_runs=0, debug_checks=0)
+
+    # ---- properties -------------------------------------------------------------------
+
+    @property
+    def backend_name(self) -> str:
+        """The resolved backend: "cuda", "trace" or "eager"."""
+        return self._backend_name
+
+    @property
+    def captured_sizes(self) -> tuple[int, ...]:
+        """Sizes with a live graph, ascending (empty before capture and for eager)."""
+        return tuple(sorted(self._graphs))
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        """Sizes this manager captures, ascending."""
+        return self._sizes
+
+    @property
+    def max_size(self) -> int:
+        """The largest capture size (0 for an eager manager without sizes)."""
+        return self._sizes[-1] if self._sizes else 0
+
+    @property
+    def is_captured(self) -> bool:
+        """True between a successful ``capture()`` and ``release()``."""
+        return self._captured
+
+    @property
+    def static_inputs(self) -> Mapping[str, Tensor]:
+        """Read-only view of the static input tensors."""
+        return self._static.tensors
+
+    @property
+    def debug(self) -> DebugConfig:
+        """The debug settings in force."""
+        return self._debug
+
+    @property
+    def stats(self) -> ManagerStats:
+        """Snapshot of capture and replay statistics (``sizes`` only lists live graphs)."""
+        sizes = {s: c.freeze(s) for s, c in sorted(self._counters.items())}
+        return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), **self._totals)
+
+    def padded_size(self, b: int) -> int | None:
+        """Smallest capture size >= b (precomputed table); None above the largest."""
+        return padded_size(self._table, b)
+
+    def node_count(self, size: int) -> int | None:
+        """Kernel-launching nodes of the graph for ``size``; None if not captured or unknown."""
+        graph = self._graphs.get(size)
+        return None if graph is None else graph.nodes
+
+    # ---- capture / release ------------------------------------------------------------
+
+    def _call_step(self, args: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], bool]:
+        """Call the step with positional static views bound to their names; (flat outputs, single)."""
+        return flatten_outputs(self._step(**dict(zip(self._static.names, args))))
+
+    def _warm_step(self, *args: Tensor) -> tuple[Tensor, ...]:
+        """Warm-up call: records the output structure every capture must repeat."""
+        flat, self._single_output = self._call_step(args)
+        self._n_outputs = len(flat)
+        return flat
+
+    def _flat_step(self, *args: Tensor) -> tuple[Tensor, ...]:
+        """Captured call: the step's outputs as a flat tuple, same structure as at warm-up."""
+        flat, single = self._call_step(args)
+        if (len(flat), single) != (self._n_outputs, self._single_output):
+            raise TypeError(
+                f"step returned {len(flat)} output(s) (single={single}) at size {args[0].shape[0]}, "
+                f"but {self._n_outputs} (single={self._single_output}) at warm-up: the structure must not change"
+            )
+        return flat
+
+    def capture(self) -> None:
+        """Warm up at the largest size, then capture every size largest first into one pool.
+
+        Largest first lets smaller graphs reuse the blocks of larger ones in the shared
+        pool. On failure everything captured in this call is released, the manager stays
+        uncaptured and a GraphCaptureError naming the size (cause chained) propagates.
+        """
+        if self._captured:
+            raise RuntimeError("capture(): already captured; call release() before capturing again")
+        if self._backend_name == "eager":
+            self._captured = True
+            self._totals["captures"] += 1
+            return
+        backend = make_backend(self._backend_name, self.max_size, self._static.device)
+        graphs: dict[int, CapturedGraph] = {}
+        counters: dict[int, SizeCounters] = {}
+        size = self.max_size
+        try:
+            with span("warmup", size=size, backend=self._backend_name):
+                check_outputs(backend.warmup(self._warm_step, self._static.views(size)), size)
+            for size in reversed(self._sizes):
+                graphs[size], counters[size] = self._capture_one(backend, size)
+        except BaseException as exc:
+            self._discard(graphs, backend)
+            if isinstance(exc, Exception) and not isinstance(exc, GraphCaptureError):
+                msg = f"capture failed at size {size}: {type(exc).__name__}: {exc}"
+                raise GraphCaptureError(msg, size=size) from exc
+            raise
+        self._backend, self._graphs, self._counters = backend, graphs, counters
+        self._captured_ptrs = self._static.data_ptrs()
+        self._captured = True
+        self._totals["captures"] += 1
+        logger.debug("captured sizes %s with backend %s", self.captured_sizes, self._backend_name)
+
+    def _capture_one(self, backend: GraphBackend, size: int) -> tuple[CapturedGraph, SizeCounters]:
+        """Capture one size and time it."""
+        with span("capture", size=size, backend=self._backend_name):
+            start = time.perf_counter()
+            graph = backend.capture(size, self._flat_step, self._static.views(size))
+            elapsed = time.perf_counter() - start
+        return graph, SizeCounters(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes)
+
+    @staticmethod
+    def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:
+        """Release graphs and the backend of a failed capture."""
+        for graph in graphs.values():
+            graph.release()
+        backend.release()
+
+    def release(self) -> None:
+        """Free all graphs, static output buffers and the pool; capture() may run again; idempotent."""
+        if self._backend is not None:
+            self._discard(self._graphs, self._backend)
+        self._backend = None
+        self._graphs = {}
+        self._counters = {}
+        self._captured_ptrs = {}
+        self._captured = False
+
+    # ---- run ----------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, Tensor], clone: bool = False) -> StepOutput:
+        """Run a batch (name -> tensor [b, ...]) through the graph for ``padded_size(b)``.
+
+        Returns the step's structure (tensor or tuple) sliced to b rows. With
+        ``clone=False`` the outputs are views of graph memory that the next replay (of
+        any size) overwrites; ``clone=True`` returns copies. Above the largest size the
+        step runs eagerly on ``inputs`` as given (static buffers untouched). Raises
+        RuntimeError before capture, ValueError/TypeError for a bad batch.
+        """
+        b = self._static.batch_size(inputs)
+        if self._backend_name == "eager":
+            self._totals["eager_runs"] += 1
+            with span("eager_run", bs=b):
+                return self._step(**inputs)
+        if not self._captured:
+            raise RuntimeError(f"run(): backend {self._backend_name!r} has not captured yet; call capture() first")
+        padded = padded_size(self._table, b)
+        if padded is None:
+            self._totals["eager_fallbacks"] += 1
+            with span("eager_fallback", bs=b):
+                return self._step(**inputs)
+        with span("replay", bs=b, padded=padded):
+            outs = self._replay(inputs, b, padded)
+            sliced = tuple(o[:b].clone() if clone else o[:b] for o in outs)
+        return sliced[0] if self._single_output else sliced
+
+    def _replay(self, inputs: Mapping[str, Tensor], b: int, padded: int) -> tuple[Tensor, ...]:
+        """Load the batch, replay the graph for ``padded`` (with debug checks) and count it."""
+        self._static.load(inputs, b, padded)
+        self._totals["replays"] += 1
+        counters = self._counters[padded]
+        counters.replays += 1
+        counters.pad_rows += padded - b
+        if not self._debug.enabled:
+            return self._graphs[padded].replay()
+        check_data_ptrs(self._captured_ptrs, self._static.data_ptrs())
+        if not self._debug.compare_due(self._totals["replays"]):
+            return self._graphs[padded].replay()
+        clones = self._static.clones(padded)
+        outs = self._graphs[padded].replay()
+        eager, _ = flatten_outputs(self._step(**clones))
+        self._totals["debug_checks"] += 1
+        compare_outputs(outs, eager, padded)
+        return outs

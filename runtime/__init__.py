@@ -1,0 +1,62 @@
+"""draftgraph.runtime: speculative-decoding side of draftgraph.
+
+Configuration, draft organize (tree path and the chain fast path), chain buffers, verify-tree
+building, draft workers, runtime states, overrides and live reload.
+"""
+
+from __future__ import annotations
+
+from .chain import ChainBufferCache, ChainBuffers, ChainKey
+from .config import (
+    CudaGraphConfig,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    chain_capacity,
+    max_tree_candidates,
+)
+from .draft_input import DraftInput
+from .eagle_worker import EagleDraftWorker
+from .models import TinyDraftModel, make_draft_input
+from .multi_layer_worker import MultiLayerEagleDraftWorker
+from .organize import (
+    fast_topk,
+    organize_chain_steps,
+    organize_draft_results,
+    select_top_k_tokens,
+)
+from .reload import RELOAD_POLICIES, ReloadError
+from .state import DraftCounters, RuntimeState, StateStats
+from .tree import VerifyTree, build_tree
+from .validation import ConfigTypeError
+from .worker_base import EagleDraftWorkerBase
+
+__all__ = [
+    "ChainBufferCache",
+    "ChainBuffers",
+    "ChainKey",
+    "ConfigTypeError",
+    "CudaGraphConfig",
+    "DraftCounters",
+    "DraftInput",
+    "EagleDraftWorker",
+    "EagleDraftWorkerBase",
+    "MultiLayerEagleDraftWorker",
+    "PhaseGraphConfig",
+    "RELOAD_POLICIES",
+    "ReloadError",
+    "RuntimeArgs",
+    "RuntimeState",
+    "SpeculativeConfig",
+    "StateStats",
+    "TinyDraftModel",
+    "VerifyTree",
+    "build_tree",
+    "chain_capacity",
+    "fast_topk",
+    "make_draft_input",
+    "max_tree_candidates",
+    "organize_chain_steps",
+    "organize_draft_results",
+    "select_top_k_tokens",
+]

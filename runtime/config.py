@@ -1,0 +1,229 @@
+"""Frozen, validated configuration: speculative shape, graph capture phases, runtime arguments.
+
+`PhaseGraphConfig` / `CudaGraphConfig` mirror the shape of SGLang's ``cuda_graph_config`` so an
+engine can hand its own object to `RuntimeArgs.from_sglang`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .validation import (
+    ConfigTypeError,
+    require_int,
+    require_optional_positive_int,
+    require_positive_int,
+)
+
+__all__ = [
+    "SpeculativeConfig",
+    "PhaseGraphConfig",
+    "CudaGraphConfig",
+    "RuntimeArgs",
+    "chain_capacity",
+    "max_tree_candidates",
+]
+
+
+def max_tree_candidates(num_steps: int, topk: int) -> int:
+    """Number of draft candidates a (S, k) draft produces: k + (S-1)*k^2."""
+    return topk + (num_steps - 1) * topk * topk
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Draft shape: S = num_steps, k = topk, N = num_draft_tokens (verify width incl. the root).
+
+    N defaults to S + 1 when topk == 1 (a chain); it is required for a tree (topk > 1).
+    """
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        s = require_int("num_steps", self.num_steps)
+        k = require_int("topk", self.topk)
+        if s < 1:
+            raise ValueError(f"num_steps={s!r}: must be >= 1")
+        if k < 1:
+            raise ValueError(f"topk={k!r}: must be >= 1")
+        n = self.num_draft_tokens
+        if n is None:
+            if k != 1:
+                raise ValueError(
+                    f"num_draft_tokens=None with topk={k}: required when topk > 1 "
+                    f"(it defaults to num_steps + 1 only for a chain, topk == 1)"
+                )
+            n = s + 1
+            object.__setattr__(self, "num_draft_tokens", n)
+        require_int("num_draft_tokens", n)
+        if n < 2:
+            raise ValueError(f"num_draft_tokens={n!r}: must be >= 2 (the root plus at least one draft)")
+        if k == 1 and n != s + 1:
+            raise ValueError(
+                f"num_draft_tokens={n!r} with topk=1 and num_steps={s}: a chain needs "
+                f"num_draft_tokens == num_steps + 1 = {s + 1}"
+            )
+        bound = max_tree_candidates(s, k)
+        if n - 1 > bound:
+            raise ValueError(
+                f"num_draft_tokens={n!r} with num_steps={s}, topk={k}: num_draft_tokens - 1 "
+                f"must be <= topk + (num_steps - 1) * topk^2 = {bound}"
+            )
+
+    @property
+    def is_chain(self) -> bool:
+        """True for topk == 1 (then N == S + 1 by validation)."""
+        return self.topk == 1
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """Hashable (S, k, N) identity of the draft shape."""
+        return (self.num_steps, self.topk, self.num_draft_tokens)
+
+    def with_steps(self, num_steps: int, num_draft_tokens: int | None = None) -> SpeculativeConfig:
+        """A copy with other S (and N; for a chain N follows S when not given)."""
+        if num_draft_tokens is None and self.topk != 1:
+            num_draft_tokens = self.num_draft_tokens
+        return SpeculativeConfig(num_steps, self.topk, num_draft_tokens)
+
+
+@dataclass(frozen=True)
+class PhaseGraphConfig:
+    """Graph capture settings of one phase (decode): max batch size, explicit sizes, or off.
+
+    ``bs`` is stored as a sorted tuple; when both are given ``max_bs`` must equal ``max(bs)``;
+    when only ``bs`` is given ``max_bs`` is set to ``max(bs)``.
+    """
+
+    max_bs: int | None = None
+    bs: tuple[int, ...] | None = None
+    disabled: bool = False
+
+    def __post_init__(self) -> None:
+        require_optional_positive_int("cuda_graph_config.decode.max_bs", self.max_bs)
+        if not isinstance(self.disabled, bool):
+            raise ConfigTypeError(
+                f"cuda_graph_config.decode.disabled={self.disabled!r}: must be a bool"
+            )
+        if self.bs is None:
+            return
+        if isinstance(self.bs, (str, bytes)) or not hasattr(self.bs, "__iter__"):
+            raise ConfigTypeError(
+                f"cuda_graph_config.decode.bs={self.bs!r}: must be a sequence of ints"
+            )
+        sizes = tuple(self.bs)
+        for i, b in enumerate(sizes):
+            require_positive_int(f"cuda_graph_config.decode.bs[{i}]", b)
+        if not sizes:
+            raise ValueError("cuda_graph_config.decode.bs=(): must not be empty (use disabled=True)")
+        if list(sizes) != sorted(set(sizes)):
+            raise ValueError(
+                f"cuda_graph_config.decode.bs={list(sizes)!r}: must be sorted ascending and unique"
+            )
+        object.__setattr__(self, "bs", sizes)
+        if self.max_bs is None:
+            object.__setattr__(self, "max_bs", sizes[-1])
+        elif self.max_bs != sizes[-1]:
+            raise ValueError(
+                f"cuda_graph_config.decode.max_bs={self.max_bs!r}: must equal max(bs)={sizes[-1]} "
+                f"when bs={list(sizes)!r} is given"
+            )
+
+
+@dataclass(frozen=True)
+class CudaGraphConfig:
+    """Graph capture settings per phase; only decode is used by draftgraph."""
+
+    decode: PhaseGraphConfig = field(default_factory=PhaseGraphConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.decode, PhaseGraphConfig):
+            raise ConfigTypeError(
+                f"cuda_graph_config.decode={self.decode!r}: must be a PhaseGraphConfig"
+            )
+
+
+@dataclass(frozen=True)
+class RuntimeArgs:
+    """Everything a draft worker needs: draft shape, graph settings, request pool, device."""
+
+    speculative: SpeculativeConfig
+    cuda_graph_config: CudaGraphConfig | None = None
+    max_running_requests: int | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.speculative, SpeculativeConfig):
+            raise ConfigTypeError(
+                f"speculative={self.speculative!r}: must be a SpeculativeConfig"
+            )
+        if self.cuda_graph_config is not None and not isinstance(self.cuda_graph_config, CudaGraphConfig):
+            raise ConfigTypeError(
+                f"cuda_graph_config={self.cuda_graph_config!r}: must be a CudaGraphConfig or None"
+            )
+        require_optional_positive_int("max_running_requests", self.max_running_requests)
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={self.device!r}: not a torch device ({exc})") from None
+        object.__setattr__(self, "device", str(dev))
+
+    @property
+    def decode(self) -> PhaseGraphConfig:
+        """The decode phase's graph settings (defaults when no cuda_graph_config is set)."""
+        return self.cuda_graph_config.decode if self.cuda_graph_config else PhaseGraphConfig()
+
+    def replace(self, **changes: Any) -> RuntimeArgs:
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_sglang(cls, server_args: Any) -> RuntimeArgs:
+        """Read an SGLang-style server_args object by attribute (newer or older layouts)."""
+        spec = SpeculativeConfig(
+            num_steps=getattr(server_args, "speculative_num_steps"),
+            topk=getattr(server_args, "speculative_eagle_topk"),
+            num_draft_tokens=getattr(server_args, "speculative_num_draft_tokens", None),
+        )
+        return cls(
+            speculative=spec,
+            cuda_graph_config=_graph_config_from(server_args),
+            max_running_requests=getattr(server_args, "max_running_requests", None),
+            device=getattr(server_args, "device", None) or "cpu",
+        )
+
+
+def _graph_config_from(server_args: Any) -> CudaGraphConfig | None:
+    """CudaGraphConfig from ``cuda_graph_config.decode`` or the older flat cuda_graph_* fields."""
+    cfg = getattr(server_args, "cuda_graph_config", None)
+    if cfg is not None:
+        decode = getattr(cfg, "decode", None)
+        if decode is None:
+            return CudaGraphConfig()
+        bs = getattr(decode, "bs", None)
+        return CudaGraphConfig(
+            PhaseGraphConfig(
+                max_bs=getattr(decode, "max_bs", None),
+                bs=tuple(bs) if bs is not None else None,
+                disabled=bool(getattr(decode, "disabled", False)),
+            )
+        )
+    max_bs = getattr(server_args, "cuda_graph_max_bs", None)
+    bs = getattr(server_args, "cuda_graph_bs", None)
+    disabled = bool(getattr(server_args, "disable_cuda_graph", False))
+    if max_bs is None and bs is None and not disabled:
+        return None
+    return CudaGraphConfig(
+        PhaseGraphConfig(max_bs=max_bs, bs=tuple(bs) if bs is not None else None, disabled=disabled)
+    )
+
+
+def chain_capacity(args: RuntimeArgs) -> int:
+    """Rows of the chain buffers: max(decode.max_bs or 0, max_running_requests or 0, 1)."""
+    return max(args.decode.max_bs or 0, args.max_running_requests or 0, 1)

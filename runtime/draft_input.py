@@ -1,0 +1,48 @@
+"""The per-batch input of a draft step (duck-typed: an SGLang EagleDraftInput works too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["DraftInput", "unpack_draft_input"]
+
+
+@dataclass(frozen=True)
+class DraftInput:
+    """Top-k of the last target/draft forward and its hidden states.
+
+    EagleDraftWorker: topk_p, topk_index [b, k], hidden_states [b, H].
+    MultiLayerEagleDraftWorker (a chain drafted by S layers at once): topk_p, topk_index [b, S].
+    """
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+
+
+def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(topk_p, topk_index, hidden_states) of any object with those attributes, type-checked."""
+    try:
+        topk_p = draft_input.topk_p
+        topk_index = draft_input.topk_index
+    except AttributeError as exc:
+        raise TypeError(
+            f"draft_input={type(draft_input).__name__}: needs attributes topk_p, topk_index, "
+            f"hidden_states ({exc})"
+        ) from None
+    hidden = getattr(draft_input, "hidden_states", None)
+    for name, t in (("topk_p", topk_p), ("topk_index", topk_index)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"draft_input.{name}={shape}: must be a 2-D tensor [b, *]")
+    if topk_p.shape != topk_index.shape:
+        raise ValueError(
+            f"draft_input.topk_p {tuple(topk_p.shape)} and topk_index {tuple(topk_index.shape)}: "
+            f"must have the same shape"
+        )
+    if topk_index.shape[0] == 0:
+        raise ValueError("draft_input: batch size 0; a draft step needs at least one request")
+    return topk_p, topk_index, hidden

@@ -1,0 +1,195 @@
+"""EAGLE draft worker: S-1 draft-model forwards with per-step top-k, then organize.
+
+The whole step (every forward, the per-step top-k and the organize) is one capturable
+function of (topk_p, topk_index, hidden_states): no host reads, no value-dependent shapes.
+For a chain (topk == 1) the step returns views of the state's chain buffers, so inside a
+captured graph the organize stage adds no node. What must stay outside the graph: input
+validation, state selection, counters and spans (they run on the host per call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from draftgraph.graphs import span
+
+from .config import RuntimeArgs
+from .draft_input import unpack_draft_input
+from .organize import fast_topk, organize_draft_results, select_top_k_tokens
+from .state import RuntimeState
+from .validation import ConfigTypeError
+from .worker_base import EagleDraftWorkerBase, GraphStep
+
+__all__ = ["EagleDraftWorker"]
+
+DraftResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")
+
+
+class EagleDraftWorker(EagleDraftWorkerBase):
+    """Drafts with ``draft_model(input_ids [M], hidden [M, H]) -> (logits [M, V], hidden [M, H])``.
+
+    The model must expose ``hidden_size``; its dtype is taken from ``dtype`` or its parameters.
+    """
+
+    def __init__(self, args: RuntimeArgs, draft_model: Any) -> None:
+        if not callable(draft_model):
+            raise ConfigTypeError(f"draft_model={type(draft_model).__name__}: must be callable")
+        hidden = getattr(draft_model, "hidden_size", None)
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise ConfigTypeError(
+                f"draft_model.hidden_size={hidden!r}: the draft model must expose an int hidden_size"
+            )
+        self.draft_model = draft_model
+        self.hidden_size = hidden
+        self.hidden_dtype = _model_dtype(draft_model)
+        super().__init__(args)
+
+    # ---- serving ---------------------------------------------------------------------------
+    def draft_forward(self, draft_input: Any) -> DraftResult:
+        """(parent_list [b, 1+(S-1)k], top_scores_index [b, N-1], draft_tokens [b, N-1]).
+
+        Replays the state's graph for the padded batch when one exists (outputs are views of
+        graph memory, valid until the next step), else runs the step eagerly.
+        """
+        if self._pending is not None:
+            self._apply_pending()
+        topk_p, topk_index, hidden = unpack_draft_input(draft_input)
+        self._check_input(topk_index, hidden)
+        b = topk_index.shape[0]
+        with self._lock:
+            state = self._state
+            state.stats.steps += 1
+            graphs = state.graphs
+            if graphs is not None and state.graph_spec == state.spec:
+                padded = graphs.padded_size(b)
+                if padded is not None:
+                    return self._replay(state, graphs, padded, topk_p, topk_index, hidden)
+                self.counters.graph_eager_fallbacks += 1
+            state.stats.eager_steps += 1
+            self.counters.eager_steps += 1
+            return self.draft_step(state, topk_p, topk_index, hidden)
+
+    def _replay(self, state: RuntimeState, graphs: Any, padded: int, topk_p: torch.Tensor,
+                topk_index: torch.Tensor, hidden: torch.Tensor) -> DraftResult:
+        """Replay the captured step for ``padded`` rows and count what it baked in."""
+        out = graphs.run({"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
+        b = topk_index.shape[0]
+        state.stats.graph_replays += 1
+        state.stats.pad_rows += padded - b
+        self.counters.graph_replays += 1
+        buf = state.chain_for(state.spec.num_steps)
+        if buf is not None and padded <= buf.capacity:
+            self.counters.fast_path_hits += 1
+        else:
+            self.counters.tree_path_calls += 1
+        return out
+
+    def _check_input(self, topk_index: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Shapes the step needs: topk_index [b, k], hidden_states [b, H]."""
+        k = self.topk
+        if topk_index.shape[1] != k:
+            raise ValueError(
+                f"draft_input.topk_index has {topk_index.shape[1]} columns: topk={k} needs {k}"
+            )
+        b = topk_index.shape[0]
+        if not isinstance(hidden, torch.Tensor) or hidden.shape != (b, self.hidden_size):
+            got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else hidden
+            raise ValueError(
+                f"draft_input.hidden_states={got}: must be [b, hidden_size] = [{b}, {self.hidden_size}]"
+            )
+
+    # ---- the step --------------------------------------------------------------------------
+    def draft_step(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
+                   hidden: torch.Tensor, organize: bool = True, count: bool = True) -> Any:
+        """One draft step of ``state``: capturable; ``organize=False`` returns the tokens only."""
+        spec = state.spec
+        b = topk_index.shape[0]
+        buf = state.chain_for(spec.num_steps)
+        if buf is not None and b <= buf.capacity:
+            tokens = self._chain_tokens(spec.num_steps, topk_index, hidden)
+            if not organize:
+                return tokens
+            if count:
+                self.counters.fast_path_hits += 1
+            with span("organize_fast", bs=b):
+                parents, score_indices = buf.view(b)
+            return parents, score_indices, tokens
+        if count and buf is not None:
+            self.counters.capacity_fallbacks += 1
+        lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
+        if not organize:
+            return torch.cat(lists[1], dim=1)
+        if count:
+            self.counters.tree_path_calls += 1
+        with span("organize_tree", bs=b, num_steps=spec.num_steps):
+            return organize_draft_results(*lists, spec.num_draft_tokens)
+
+    def _forward_topk(self, input_ids: torch.Tensor, hidden: torch.Tensor, topk: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draft forward: (topk_p, topk_index [M, k], next hidden [M, H])."""
+        logits, hidden = self.draft_model(input_ids, hidden)
+        p, idx = fast_topk(torch.softmax(logits, dim=-1), topk, dim=-1)
+        return p, idx, hidden
+
+    def _chain_tokens(self, num_steps: int, topk_index: torch.Tensor, hidden: torch.Tensor
+                      ) -> torch.Tensor:
+        """Chain drafting without path scores (a chain selects all): tokens [b, S]."""
+        tokens = [topk_index]
+        ids = topk_index.flatten()
+        for _ in range(num_steps - 1):
+            _, idx, hidden = self._forward_topk(ids, hidden, 1)
+            tokens.append(idx)
+            ids = idx.flatten()
+        return torch.cat(tokens, dim=1) if num_steps > 1 else topk_index
+
+    def _tree_lists(self, num_steps: int, topk: int, topk_p: torch.Tensor,
+                    topk_index: torch.Tensor, hidden: torch.Tensor
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """The general draft loop: per-step (scores, tokens, parents) for organize."""
+        score_list: list[torch.Tensor] = []
+        token_list: list[torch.Tensor] = []
+        parents_list: list[torch.Tensor] = []
+        scores = None
+        for i in range(num_steps):
+            ids, hidden, scores, (s, t, p) = select_top_k_tokens(
+                i, topk_p, topk_index, hidden, scores, topk
+            )
+            score_list.append(s)
+            token_list.append(t)
+            parents_list.append(p)
+            if i == num_steps - 1:
+                break
+            topk_p, topk_index, hidden = self._forward_topk(ids, hidden, topk)
+        return score_list, token_list, parents_list
+
+    # ---- capture ---------------------------------------------------------------------------
+    def _graph_step(self, state: RuntimeState, max_size: int, organize: bool = True) -> GraphStep:
+        """The step over static topk_p / topk_index [max_size, k] and hidden_states [max_size, H]."""
+        k, dev = state.spec.topk, torch.device(self._args.device)
+        static = {
+            "topk_p": torch.zeros(max_size, k, dtype=torch.float32, device=dev),
+            "topk_index": torch.zeros(max_size, k, dtype=torch.long, device=dev),
+            "hidden_states": torch.zeros(max_size, self.hidden_size, dtype=self.hidden_dtype,
+                                         device=dev),
+        }
+
+        def step(topk_p: torch.Tensor, topk_index: torch.Tensor, hidden_states: torch.Tensor) -> Any:
+            return self.draft_step(state, topk_p, topk_index, hidden_states, organize=organize,
+                                   count=False)
+
+        return step, static, {name: 0 for name in STATIC_NAMES}
+
+
+def _model_dtype(model: Any) -> torch.dtype:
+    """The model's hidden dtype: ``model.dtype``, else its first parameter's, else float32."""
+    dtype = getattr(model, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        for p in params():
+            return p.dtype
+    return torch.float32

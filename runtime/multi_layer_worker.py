@@ -1,0 +1,73 @@
+"""Multi-layer EAGLE draft worker: S draft layers give one token each (a chain, topk == 1).
+
+Its organize is host-side only: for a chain the parent list and score indices are the
+constant chain buffers and the tokens are the input unchanged, so the fast path launches no
+kernel. The general path (`organize_chain_steps`) is kept for batches above the buffers'
+capacity and for a state whose buffers do not match its (S, N).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from draftgraph.graphs import span
+
+from .config import RuntimeArgs
+from .draft_input import unpack_draft_input
+from .organize import organize_chain_steps
+from .worker_base import EagleDraftWorkerBase
+
+__all__ = ["MultiLayerEagleDraftWorker"]
+
+DraftResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
+    """Organizes multi-layer chain drafts: draft_input.topk_p / topk_index [b, S]."""
+
+    captures_graphs = False  # nothing to capture: the fast path launches no kernel
+
+    def _check_args(self, args: RuntimeArgs) -> None:
+        """A multi-layer draft yields one token per step: topk must be 1."""
+        if args.speculative.topk != 1:
+            raise ValueError(
+                f"speculative.topk={args.speculative.topk}: MultiLayerEagleDraftWorker drafts a "
+                f"chain (one token per layer), topk must be 1"
+            )
+
+    def draft_forward(self, draft_input: Any) -> DraftResult:
+        """(parent_list [b, S or 0], top_scores_index [b, S], draft_tokens [b, S]).
+
+        Fast path when the active state's chain buffers were built for its S, topk_index has S
+        columns and b <= capacity: row views of the buffers and topk_index itself.
+        """
+        if self._pending is not None:
+            self._apply_pending()
+        topk_p, topk_index, hidden = unpack_draft_input(draft_input)
+        state = self._state  # one read: a concurrent swap cannot mix two states
+        s = state.spec.num_steps
+        buf = state.chain_for(s)
+        b, width = topk_index.shape
+        if buf is not None and width == s and b <= buf.key.capacity:
+            self.counters.fast_path_hits += 1
+            parents, score_indices = buf.view(b)
+            return parents, score_indices, topk_index
+        if buf is not None and width == s:
+            self.counters.capacity_fallbacks += 1
+        return self._draft_forward_organize(topk_p, topk_index, hidden, state.spec.num_steps,
+                                            state.spec.num_draft_tokens)
+
+    def _draft_forward_organize(self, topk_p: torch.Tensor, topk_index: torch.Tensor,
+                                hidden_states: torch.Tensor | None, num_steps: int,
+                                num_draft_tokens: int) -> DraftResult:
+        """The general path: per-step cat/topk/sort/gather of the chain (same results)."""
+        if topk_index.shape[1] != num_steps:
+            raise ValueError(
+                f"draft_input.topk_index has {topk_index.shape[1]} columns: a multi-layer chain "
+                f"of num_steps={num_steps} needs {num_steps}"
+            )
+        self.counters.tree_path_calls += 1
+        with span("organize_tree", bs=topk_index.shape[0], num_steps=num_steps):
+            return organize_chain_steps(topk_p, topk_index, hidden_states, num_steps, num_draft_tokens)

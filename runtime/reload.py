@@ -1,0 +1,108 @@
+"""Live reconfiguration of a serving worker: build-then-swap or release-first, thread-safe.
+
+A reload runs under the worker's lock, so steps of other threads wait for it and then run on
+the new state; a step never sees a half-built state. `request_reload` only records the request
+(safe from a signal handler); the serving thread applies it at the start of its next step.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from draftgraph.graphs import span
+
+from .config import RuntimeArgs
+from .validation import ConfigTypeError
+
+__all__ = ["ReloadError", "ReloadMixin", "RELOAD_POLICIES"]
+
+logger = logging.getLogger(__name__)
+
+RELOAD_POLICIES = ("swap", "release_first")
+
+
+class ReloadError(RuntimeError):
+    """A reload failed; the cause is chained and the worker state is described in the message."""
+
+
+class ReloadMixin:
+    """`reload` / `request_reload` for draft workers (needs EagleDraftWorkerBase's members)."""
+
+    reload_history: deque[dict[str, Any]]
+
+    def _check_reload(self, new_args: Any, policy: str) -> None:
+        """Reject a bad request before anything changes."""
+        if not isinstance(new_args, RuntimeArgs):
+            raise ConfigTypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
+        if policy not in RELOAD_POLICIES:
+            raise ValueError(f"policy={policy!r}: must be one of {list(RELOAD_POLICIES)}")
+        self._check_args(new_args)
+
+    def _check_args(self, args: RuntimeArgs) -> None:
+        """Subclass hook: reject args this worker cannot serve."""
+
+    def reload(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None) -> None:
+        """Replace the active state with one built from ``new_args``.
+
+        ``swap``: build (and capture) the new state, swap it in, then release the old one; on
+        failure the old state keeps serving and ReloadError (cause chained) is raised.
+        ``release_first``: release the old graphs, gc + empty the CUDA cache, then build (lower
+        peak memory); on failure the old configuration keeps serving eager until a later reload
+        succeeds. Graphs are captured when the old state had some (same backend) or ``backend``
+        is given.
+        """
+        self._check_reload(new_args, policy)
+        with self._lock, span("reload", policy=policy):
+            old = self._state
+            if backend is None and old.graphs is not None:
+                backend = old.graphs.backend_name
+            start = time.perf_counter()
+            if policy == "release_first":
+                old.release()
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            try:
+                new = self._new_state(new_args.speculative, None, args=new_args,
+                                      generation=self._generation + 1)
+                if backend is not None:
+                    self._capture_into(new, backend)
+            except Exception as exc:
+                self.counters.failed_reloads += 1
+                self._record_reload(policy, start, ok=False, error=repr(exc))
+                serving = "the old state keeps serving" + (
+                    " eager (its graphs were released first)" if policy == "release_first" else "")
+                raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
+                                  f"{exc}") from exc
+            self._args, self._generation, self._state = new_args, self._generation + 1, new
+            old.release()
+            self.counters.reloads += 1
+            self._record_reload(policy, start, ok=True, error=None)
+        logger.info("reloaded to %s (%s) in %.3f s", new_args.speculative, policy,
+                    self.reload_history[-1]["seconds"])
+
+    def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
+        """Validate now, reload at the start of the next step (safe from signal handlers)."""
+        self._check_reload(new_args, policy)
+        self._pending = (new_args, policy)
+
+    def _apply_pending(self) -> None:
+        """Run a requested reload; a failure is logged and recorded, serving goes on."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            self.reload(*pending)
+        except ReloadError:
+            logger.exception("requested reload failed")
+
+    def _record_reload(self, policy: str, start: float, ok: bool, error: str | None) -> None:
+        """Keep the last reloads (bounded, so a long-running server does not grow)."""
+        self.reload_history.append({"policy": policy, "seconds": time.perf_counter() - start,
+                                    "ok": ok, "error": error})

@@ -1,0 +1,223 @@
+"""Draft worker base: arguments, the active RuntimeState, chain buffers, graph capture, overrides.
+
+A worker serves from one active `RuntimeState`. Everything that changes the configuration
+(override, build/apply, reload) builds a complete state first and then swaps one reference, so
+a step never sees a half-built state, and a state's graphs only ever read or return the
+buffers that state owns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
+
+from .chain import ChainBufferCache, ChainBuffers
+from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
+from .reload import ReloadMixin
+from .state import DraftCounters, RuntimeState
+from .validation import ConfigTypeError, require_positive_int
+
+__all__ = ["EagleDraftWorkerBase", "GraphStep"]
+
+logger = logging.getLogger(__name__)
+
+GraphStep = tuple[Callable[..., Any], dict[str, torch.Tensor], dict[str, float | int]]
+
+
+class EagleDraftWorkerBase(ReloadMixin):
+    """Holds the args, the active state (spec, chain buffers, graphs) and the counters.
+
+    Subclasses provide ``_graph_step(state, max_size)``: the step callable over named static
+    inputs, those inputs allocated at ``max_size`` rows, and their pad values.
+    """
+
+    captures_graphs = True
+
+    def __init__(self, args: RuntimeArgs) -> None:
+        if not isinstance(args, RuntimeArgs):
+            raise ConfigTypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
+        self._args = args
+        self._generation = 0
+        self._chain_cache = ChainBufferCache()
+        self._lock = threading.RLock()
+        self._pending: tuple[RuntimeArgs, str] | None = None
+        self.counters = DraftCounters()
+        self.reload_history: deque[dict[str, Any]] = deque(maxlen=64)
+        self._check_args(args)
+        self._state = self._new_state(args.speculative, None)
+
+    # ---- configuration views -------------------------------------------------------------
+    @property
+    def args(self) -> RuntimeArgs:
+        """The arguments the worker was built or last reloaded with."""
+        return self._args
+
+    @property
+    def state(self) -> RuntimeState:
+        """The active runtime state."""
+        return self._state
+
+    @property
+    def spec(self) -> SpeculativeConfig:
+        """The active draft shape (S, k, N)."""
+        return self._state.spec
+
+    @property
+    def topk(self) -> int:
+        """k of the active state."""
+        return self._state.spec.topk
+
+    @property
+    def device(self) -> torch.device:
+        """Device of buffers and graphs."""
+        return torch.device(self._args.device)
+
+    @property
+    def chain_capacity(self) -> int:
+        """Rows of the chain buffers (see `chain_capacity`)."""
+        return chain_capacity(self._args)
+
+    @property
+    def chain_buffers(self) -> ChainBuffers | None:
+        """The active state's chain buffers (None for a tree)."""
+        return self._state.chain_buffers
+
+    @property
+    def speculative_num_steps(self) -> int:
+        """S of the active state."""
+        return self._state.spec.num_steps
+
+    @speculative_num_steps.setter
+    def speculative_num_steps(self, value: int) -> None:
+        """Raw write, as SGLang's attribute: no rebuild; the fast path and graphs then refuse the
+        stale buffers (key check) until `rebuild_chain_buffers` or an override."""
+        self._state.spec = self._state.spec.with_steps(value)
+
+    @property
+    def speculative_num_draft_tokens(self) -> int:
+        """N of the active state."""
+        return self._state.spec.num_draft_tokens
+
+    # ---- buffers and states ----------------------------------------------------------------
+    def rebuild_chain_buffers(self) -> ChainBuffers | None:
+        """Give the active state the chain buffers of its current spec (same key: same tensors)."""
+        st = self._state
+        with span("rebuild", num_steps=st.spec.num_steps, capacity=self.chain_capacity):
+            st.chain_buffers = self._chain_for(st.spec)
+            self.counters.rebuilds += 1
+        return st.chain_buffers
+
+    def _chain_for(self, spec: SpeculativeConfig, args: RuntimeArgs | None = None) -> ChainBuffers | None:
+        """Shared chain buffers for ``spec`` under ``args`` (None for a tree)."""
+        if not spec.is_chain:
+            return None
+        args = args or self._args
+        return self._chain_cache.get(spec.num_steps, chain_capacity(args), args.device)
+
+    def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
+                   args: RuntimeArgs | None = None, generation: int | None = None) -> RuntimeState:
+        """A complete state for ``spec`` with its buffers; graphs are captured separately."""
+        args = args or self._args
+        state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._chain_for(spec, args),
+                             id(self))
+        state.generation = self._generation if generation is None else generation
+        return state
+
+    @staticmethod
+    def _capture_sizes(capture_bs: Sequence[int] | None, args: RuntimeArgs) -> tuple[int, ...]:
+        """None: the sizes the args ask for; []: none (eager); else validated explicit sizes."""
+        if capture_bs is None:
+            decode = args.decode
+            if decode.max_bs is None and decode.bs is None:
+                return ()
+            return tuple(capture_batch_sizes(decode, limit=args.max_running_requests))
+        if isinstance(capture_bs, (str, bytes)) or not hasattr(capture_bs, "__iter__"):
+            raise ConfigTypeError(f"capture_bs={capture_bs!r}: must be a sequence of ints or None")
+        sizes = tuple(capture_bs)
+        for i, b in enumerate(sizes):
+            require_positive_int(f"capture_bs[{i}]", b)
+        if list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"capture_bs={list(sizes)!r}: must be sorted ascending and unique")
+        return sizes
+
+    def _spec_for(self, num_steps: int, num_draft_tokens: int | None) -> SpeculativeConfig:
+        """Validated spec with the worker's topk."""
+        return SpeculativeConfig(num_steps, self.topk, num_draft_tokens)
+
+    # ---- graphs ----------------------------------------------------------------------------
+    def _graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
+        """(step, static_inputs, pad_values) of one draft step of ``state``; subclasses define it."""
+        raise NotImplementedError
+
+    def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
+        """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
+        if not state.capture_sizes or not self.captures_graphs:
+            return state
+        step, static, pads = self._graph_step(state, max(state.capture_sizes))
+        manager = GraphCaptureManager(step, static, list(state.capture_sizes), backend=backend,
+                                      pad_values=pads)
+        start = time.perf_counter()
+        manager.capture()
+        old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
+        if old is not None:
+            old.release()
+        st = state.stats
+        st.capture_s = time.perf_counter() - start
+        st.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
+        st.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
+        return state
+
+    def capture_graphs(self, backend: str = "auto") -> RuntimeState:
+        """Capture the active state's draft step, one graph per capture size; later steps replay."""
+        with self._lock:
+            return self._capture_into(self._state, backend)
+
+    # ---- overrides and states --------------------------------------------------------------
+    @contextmanager
+    def override_worker_state(self, num_steps: int, num_draft_tokens: int | None = None,
+                              capture_bs: Sequence[int] | None = None) -> Iterator[RuntimeState]:
+        """Temporarily serve (S, N): validate (nothing changes on error), swap in a state with its
+        own chain buffers, yield it; on exit, also on error, restore the previous state object,
+        whose buffers and graphs are untouched. Nests. ``capture_bs=[]`` means no graphs."""
+        spec = self._spec_for(num_steps, num_draft_tokens)
+        with self._lock:
+            sizes_state = self._new_state(spec, capture_bs)
+            previous = self._state
+            with span("rebuild", num_steps=spec.num_steps, capacity=self.chain_capacity):
+                self._state = sizes_state
+                self.counters.rebuilds += 1
+            try:
+                yield sizes_state
+            finally:
+                self._state = previous
+
+    def build_runtime_state(self, num_steps: int, num_draft_tokens: int | None = None,
+                            capture_bs: Sequence[int] | None = None,
+                            backend: str = "auto") -> RuntimeState:
+        """Build and capture a state for (S, N) without disturbing the active one."""
+        spec = self._spec_for(num_steps, num_draft_tokens)
+        with self._lock:
+            state = self._new_state(spec, capture_bs)
+            return self._capture_into(state, backend)
+
+    def apply_runtime_state(self, state: RuntimeState) -> None:
+        """Switch to a built state: O(1), no capture, no allocation."""
+        if not isinstance(state, RuntimeState) or state.owner != id(self):
+            raise ValueError(f"state={state!r}: not a state built by this worker")
+        if state.generation != self._generation:
+            raise ValueError(
+                f"state={state!r}: built before the last reload (generation {state.generation}, "
+                f"now {self._generation}); build it again"
+            )
+        with self._lock:
+            self._state = state
+            self.counters.switches += 1

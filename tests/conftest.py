@@ -1,0 +1,42 @@
+"""Shared fixtures: the SGLang reference (differential oracle) and small helpers."""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+
+# SGLang wraps select_top_k_tokens' later steps in torch.compile; eagerly it is bitwise the same
+# (see shared/sglang-oracle.md) and skips a multi-second CPU compile per shape.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sglang_ref() -> types.SimpleNamespace:
+    """SGLang 0.5.23's select_top_k_tokens and organize_draft_results, or a skip with the reason.
+
+    With DRAFTGRAPH_REQUIRE_SGLANG=1 (CI) a missing reference is an error, not a skip.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from sglang.srt.speculative import eagle_utils, spec_utils
+    except Exception as exc:  # ImportError, or an import-time failure of its dependencies
+        if os.environ.get("DRAFTGRAPH_REQUIRE_SGLANG") == "1":
+            raise
+        pytest.skip(f"SGLang reference not importable (pip install --no-deps sglang==0.5.23 "
+                    f"plus requirements-oracle.txt): {exc!r}")
+    return types.SimpleNamespace(
+        select_top_k_tokens=spec_utils.select_top_k_tokens,
+        organize_draft_results=eagle_utils.organize_draft_results,
+    )
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    """Bitwise equality with dtype and shape."""
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    assert torch.equal(a, b), f"{what}: values differ"
