@@ -78,10 +78,8 @@ def _capture_into(
     fn: Callable[[], tuple[Tensor, ...]], size: int,
 ) -> tuple[Tensor, ...]:
     """Capture ``fn()`` into ``graph`` on ``stream`` in ``pool`` with host syncs rejected."""
-    with torch.cuda.device(device):
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            with HostSyncGuard(size):
-                outs = fn()
+    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=stream), HostSyncGuard(size):
+        outs = fn()
     torch.cuda.synchronize(device)
     return outs
 

@@ -28,16 +28,17 @@ logger = logging.getLogger(__name__)
 
 # Ops that launch nothing on a GPU even though fx records them as call_function nodes.
 _METADATA_OPS = frozenset(
-    "aten::" + op
+    f"aten::{op}"
     for op in (
-        "sym_size sym_stride sym_numel sym_storage_offset detach alias _unsafe_view t view "
-        "expand slice select unsqueeze squeeze permute transpose as_strided reshape"
-    ).split()
+        "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "detach", "alias", "_unsafe_view",
+        "t", "view", "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose",
+        "as_strided", "reshape",
+    )
 )
 # Ops whose output shape depends on tensor values: a GPU must sync with the host to size them.
 _DATA_DEPENDENT_OPS = frozenset(
-    "aten::" + op
-    for op in "nonzero masked_select _unique _unique2 unique_dim unique_consecutive".split()
+    f"aten::{op}"
+    for op in ("nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive")
 )
 
 

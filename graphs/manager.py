@@ -15,11 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
 
 from torch import Tensor
 
-from .backends import CapturedGraph, GraphBackend, check_outputs, flatten_outputs, make_backend, resolve_backend
+from .backends import (
+    CapturedGraph,
+    GraphBackend,
+    check_outputs,
+    flatten_outputs,
+    make_backend,
+    resolve_backend,
+)
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
 from .sizes import padded_size, padding_table
@@ -80,15 +86,16 @@ class GraphCaptureManager:
             raise ValueError(f"static_inputs on {sorted(map(str, self._static.devices()))}: backend 'cuda' needs CUDA tensors")
         self._step = step
         self._sizes = sizes
-        self._table = padding_table(sizes)
+        self._table = padding_table(sizes) if self._backend_name != "eager" else ()
         self._debug = DebugConfig.resolve(debug, debug_every)
         self._backend: GraphBackend | None = None
         self._graphs: dict[int, CapturedGraph] = {}
         self._counters: dict[int, SizeCounters] = {}
         self._single_output = False
+        self._n_outputs = 0
         self._captured_ptrs: dict[str, int] = {}
         self._captured = False
-        self._totals = dict(captures=0, replays=0, eager_fallbacks=0, eager_runs=0, debug_checks=0)
+        self._totals = dict.fromkeys(("captures", "replays", "eager_fallbacks", "eager_runs", "debug_checks"), 0)
 
     # ---- properties -------------------------------------------------------------------
 
@@ -134,7 +141,7 @@ class GraphCaptureManager:
         return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), **self._totals)
 
     def padded_size(self, b: int) -> int | None:
-        """Smallest capture size >= b (precomputed table); None above the largest."""
+        """Smallest capture size >= b (precomputed table); None above the largest (always for eager)."""
         return padded_size(self._table, b)
 
     def node_count(self, size: int) -> int | None:

@@ -120,7 +120,7 @@ class _Span:
         self._nvtx = False
         self._profiled: Any = None
 
-    def __enter__(self) -> _Span:
+    def __enter__(self) -> None:
         for recorder in _SWITCH.recorders:
             recorder.append((self._name, dict(self._attrs)))
         label = span_label(self._name, self._attrs)
@@ -130,7 +130,6 @@ class _Span:
         if _profiler_enabled():
             self._profiled = torch.profiler.record_function(label)
             self._profiled.__enter__()
-        return self
 
     def __exit__(
         self,

@@ -24,17 +24,28 @@ class DraftInput:
 
 
 def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(topk_p, topk_index, hidden_states) of any object with those attributes, type-checked."""
-    try:
-        topk_p = draft_input.topk_p
-        topk_index = draft_input.topk_index
-    except AttributeError as exc:
-        raise TypeError(
-            f"draft_input={type(draft_input).__name__}: needs attributes topk_p, topk_index, "
-            f"hidden_states ({exc})"
-        ) from None
+    """(topk_p, topk_index, hidden_states) of any object with those attributes, checked.
+
+    The checks are ordered for the hot path (a few attribute reads); diagnosis is done only
+    when something is wrong.
+    """
+    topk_p = getattr(draft_input, "topk_p", None)
+    topk_index = getattr(draft_input, "topk_index", None)
     hidden = getattr(draft_input, "hidden_states", None)
+    if (type(topk_index) is not torch.Tensor or type(topk_p) is not torch.Tensor
+            or len(shape := topk_index.shape) != 2 or topk_p.shape != shape or not shape[0]):
+        _raise_bad_input(draft_input, topk_p, topk_index)
+    return topk_p, topk_index, hidden
+
+
+def _raise_bad_input(draft_input: Any, topk_p: Any, topk_index: Any) -> None:
+    """Say what is wrong with a draft input."""
     for name, t in (("topk_p", topk_p), ("topk_index", topk_index)):
+        if t is None:
+            raise TypeError(
+                f"draft_input={type(draft_input).__name__}: needs attributes topk_p, topk_index, "
+                f"hidden_states (no {name})"
+            )
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"draft_input.{name}={shape}: must be a 2-D tensor [b, *]")
@@ -43,6 +54,4 @@ def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, to
             f"draft_input.topk_p {tuple(topk_p.shape)} and topk_index {tuple(topk_index.shape)}: "
             f"must have the same shape"
         )
-    if topk_index.shape[0] == 0:
-        raise ValueError("draft_input: batch size 0; a draft step needs at least one request")
-    return topk_p, topk_index, hidden
+    raise ValueError("draft_input: batch size 0; a draft step needs at least one request")

@@ -47,10 +47,11 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
             self._apply_pending()
         topk_p, topk_index, hidden = unpack_draft_input(draft_input)
         state = self._state  # one read: a concurrent swap cannot mix two states
+        buf = state.chain_buffers
         s = state.spec.num_steps
-        buf = state.chain_for(s)
         b, width = topk_index.shape
-        if buf is not None and width == s and b <= buf.key.capacity:
+        # key check: buffers built for this S (a chain state's N is S + 1 by validation)
+        if buf is not None and buf.key.num_steps == s == width and b <= buf.key.capacity:
             self.counters.fast_path_hits += 1
             parents, score_indices = buf.view(b)
             return parents, score_indices, topk_index

@@ -1,0 +1,55 @@
+"""draftgraph.graphs: generic graph capture (backends, manager, batch sizes, padding, spans, stats).
+
+Knows nothing about speculative decoding; ``draftgraph.runtime`` builds on it.
+"""
+
+from __future__ import annotations
+
+from .backends import BACKEND_NAMES, CapturedGraph, GraphBackend, resolve_backend
+from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
+from .errors import GraphCaptureError, GraphDebugError
+from .manager import GraphCaptureManager, StepOutput
+from .sizes import (
+    DEFAULT_MAX_BS,
+    capture_batch_sizes,
+    grid_sizes,
+    padded_size,
+    padding_table,
+)
+from .spans import (
+    NVTX_DOMAIN,
+    disable_nvtx,
+    enable_nvtx,
+    nvtx_available,
+    nvtx_enabled,
+    record_spans,
+    span,
+)
+from .stats import ManagerStats, SizeStats
+
+__all__ = [
+    "BACKEND_NAMES",
+    "DEFAULT_DEBUG_EVERY",
+    "DEFAULT_MAX_BS",
+    "NVTX_DOMAIN",
+    "CapturedGraph",
+    "DebugConfig",
+    "GraphBackend",
+    "GraphCaptureError",
+    "GraphCaptureManager",
+    "GraphDebugError",
+    "ManagerStats",
+    "SizeStats",
+    "StepOutput",
+    "capture_batch_sizes",
+    "disable_nvtx",
+    "enable_nvtx",
+    "grid_sizes",
+    "nvtx_available",
+    "nvtx_enabled",
+    "padded_size",
+    "padding_table",
+    "record_spans",
+    "resolve_backend",
+    "span",
+]
