@@ -77,7 +77,7 @@ class DebugConfig:
 def check_data_ptrs(captured: Mapping[str, int], current: Mapping[str, int]) -> None:
     """GraphDebugError naming the first static input whose data_ptr changed since capture."""
     for name, ptr in captured.items():
-        now = current.get(name)
+        now = current.get(name, 0)
         if now != ptr:
             raise GraphDebugError(
                 f"static input {name!r} moved: data_ptr {now:#x} at replay, {ptr:#x} at capture; "

@@ -238,8 +238,10 @@ class GraphCaptureManager:
         Returns the step's structure (tensor or tuple) sliced to b rows. With
         ``clone=False`` the outputs are views of graph memory that the next replay (of
         any size) overwrites; ``clone=True`` returns copies. Above the largest size the
-        step runs eagerly on ``inputs`` as given (static buffers untouched). Raises
-        RuntimeError before capture, ValueError/TypeError for a bad batch.
+        step runs eagerly on ``inputs`` as given (static buffers untouched, counted as
+        ``eager_fallbacks``). The eager backend always calls the step directly (no
+        padding, ``clone`` ignored, counted as ``eager_runs``). Raises RuntimeError before
+        capture (graph backends), ValueError/TypeError for a bad batch.
         """
         b = self._static.batch_size(inputs)
         if self._backend_name == "eager":

@@ -6,6 +6,8 @@ building, draft workers, runtime states, overrides and live reload.
 
 from __future__ import annotations
 
+from .adaptive import AdaptiveStepController
+from .args_file import install_reload_signal, load_runtime_args, runtime_args_from_dict
 from .chain import ChainBufferCache, ChainBuffers, ChainKey
 from .config import (
     CudaGraphConfig,
@@ -32,6 +34,7 @@ from .validation import ConfigTypeError
 from .worker_base import EagleDraftWorkerBase
 
 __all__ = [
+    "AdaptiveStepController",
     "ChainBufferCache",
     "ChainBuffers",
     "ChainKey",
@@ -54,9 +57,12 @@ __all__ = [
     "build_tree",
     "chain_capacity",
     "fast_topk",
+    "install_reload_signal",
+    "load_runtime_args",
     "make_draft_input",
     "max_tree_candidates",
     "organize_chain_steps",
     "organize_draft_results",
+    "runtime_args_from_dict",
     "select_top_k_tokens",
 ]

@@ -45,7 +45,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self.draft_model = draft_model
         self.hidden_size = hidden
         self.hidden_dtype = _model_dtype(draft_model)
+        self.last_state: RuntimeState | None = None  # the state the latest step ran under
         super().__init__(args)
+
+    def _check_args(self, args: RuntimeArgs) -> None:
+        """The draft model's parameters must live on the args' device."""
+        dev = _model_device(self.draft_model)
+        if dev is not None and dev != torch.device(args.device):
+            raise ValueError(
+                f"device={args.device!r}: the draft model's parameters are on {dev}; "
+                f"move the model or use device={str(dev)!r}"
+            )
 
     # ---- serving ---------------------------------------------------------------------------
     def draft_forward(self, draft_input: Any) -> DraftResult:
@@ -57,10 +67,11 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         if self._pending is not None:
             self._apply_pending()
         topk_p, topk_index, hidden = unpack_draft_input(draft_input)
-        self._check_input(topk_index, hidden)
         b = topk_index.shape[0]
         with self._lock:
             state = self._state
+            self._check_input(state, topk_index, hidden)  # against the state that will run
+            self.last_state = state
             state.stats.steps += 1
             graphs = state.graphs
             if graphs is not None and state.graph_spec == state.spec:
@@ -87,9 +98,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             self.counters.tree_path_calls += 1
         return out
 
-    def _check_input(self, topk_index: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Shapes the step needs: topk_index [b, k], hidden_states [b, H]."""
-        k = self.topk
+    def _check_input(self, state: RuntimeState, topk_index: torch.Tensor,
+                     hidden: torch.Tensor | None) -> None:
+        """Shapes ``state``'s step needs: topk_index [b, k], hidden_states [b, H]."""
+        k = state.spec.topk
         if topk_index.shape[1] != k:
             raise ValueError(
                 f"draft_input.topk_index has {topk_index.shape[1]} columns: topk={k} needs {k}"
@@ -181,6 +193,15 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                                    count=False)
 
         return step, static, {name: 0 for name in STATIC_NAMES}
+
+
+def _model_device(model: Any) -> torch.device | None:
+    """Device of the model's first parameter (None without parameters)."""
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        for p in params():
+            return p.device
+    return None
 
 
 def _model_dtype(model: Any) -> torch.dtype:

@@ -6,15 +6,14 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from draftgraph.graphs import (  # noqa: E402
+from draftgraph.graphs import (
     GraphCaptureError,
     GraphCaptureManager,
     ManagerStats,
     resolve_backend,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 H, K, V = 16, 4, 12
 SIZES = (1, 2, 4, 8)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from draftgraph.graphs import (  # noqa: E402
+from draftgraph.graphs import (
     DEFAULT_MAX_BS,
     capture_batch_sizes,
     grid_sizes,
     padded_size,
     padding_table,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -58,7 +58,7 @@ def test_grid_steps_and_max_included(max_bs: int) -> None:
     grid = grid_sizes(max_bs)
     assert grid[0] == 1 and grid[-1] == max_bs
     assert grid == sorted(set(grid))
-    for a, b in zip(grid[:-2], grid[1:-1]):
+    for a, b in itertools.pairwise(grid[:-1]):
         assert b - a == _expected_step(a)
     if len(grid) > 1:
         assert 0 < grid[-1] - grid[-2] <= _expected_step(grid[-2])

@@ -6,7 +6,6 @@ import contextlib
 
 import pytest
 import torch
-
 from draftgraph.graphs import (
     GraphCaptureManager,
     disable_nvtx,
@@ -58,9 +57,8 @@ def test_recorder_sees_manager_spans_with_attributes(nvtx_off) -> None:
 
 def test_nested_recorders_both_receive_and_unwind(nvtx_off) -> None:
     with record_spans() as outer:
-        with record_spans() as inner:
-            with span("x", k=1):
-                pass
+        with record_spans() as inner, span("x", k=1):
+            pass
         with span("y"):
             pass
     assert inner == [("x", {"k": 1})]

@@ -1,0 +1,120 @@
+"""Adaptive step count: pick S per batch from recent acceptance, switching prebuilt states.
+
+Rule (documented, deliberately simple): keep an exponential moving average (EMA) of the
+accepted draft tokens per request (bonus token excluded) and serve the smallest candidate
+S >= EMA + margin; if none is that large, the largest. Acceptance is capped by S, so a too
+short draft reports ~S and the rule steps up; poor acceptance steps down. Every candidate's
+state (buffers and graphs) is built once at start, and a switch is `apply_runtime_state`:
+O(1), no capture, no allocation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .state import RuntimeState
+from .validation import require_positive_int
+
+__all__ = ["AdaptiveStepController"]
+
+logger = logging.getLogger(__name__)
+
+
+class AdaptiveStepController:
+    """Switches ``worker`` among states for ``candidate_steps`` (ints for a chain, or (S, N)).
+
+    ``alpha`` weights the newest observation in the EMA; ``margin`` is how many tokens beyond
+    the expected acceptance to draft. A reload of the worker invalidates the states; they are
+    rebuilt for the new args at the next `step`.
+    """
+
+    def __init__(self, worker: Any, candidate_steps: Sequence[int | tuple[int, int]],
+                 alpha: float = 0.2, margin: float = 1.0, capture_bs: Sequence[int] | None = None,
+                 backend: str = "auto") -> None:
+        self._candidates = _check_candidates(candidate_steps)
+        if not 0.0 < float(alpha) <= 1.0:
+            raise ValueError(f"alpha={alpha!r}: must be in (0, 1]")
+        if float(margin) < 0.0:
+            raise ValueError(f"margin={margin!r}: must be >= 0")
+        self.worker = worker
+        self.alpha = float(alpha)
+        self.margin = float(margin)
+        self._capture_bs = capture_bs
+        self._backend = backend
+        self.ema: float | None = None
+        self.switches = 0
+        self.steps_per_state: dict[int, int] = {}
+        self._build()
+
+    @property
+    def candidate_steps(self) -> tuple[int, ...]:
+        """The S of every candidate, ascending."""
+        return tuple(s for s, _ in self._candidates)
+
+    @property
+    def states(self) -> dict[int, RuntimeState]:
+        """Candidate states by S."""
+        return dict(self._states)
+
+    def _build(self) -> None:
+        """Build every candidate's state (captured when the worker captures)."""
+        self._generation = self.worker._generation
+        self._states = {
+            s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend)
+            for s, n in self._candidates
+        }
+
+    def choose(self) -> int:
+        """The S the rule picks for the current EMA (the largest before any observation)."""
+        steps = self.candidate_steps
+        if self.ema is None:
+            return steps[-1]
+        i = bisect.bisect_left(steps, self.ema + self.margin)
+        return steps[min(i, len(steps) - 1)]
+
+    def observe(self, accepted_tokens: float) -> None:
+        """Feed the mean accepted draft tokens per request of the last verified batch."""
+        a = float(accepted_tokens)
+        if a < 0.0:
+            raise ValueError(f"accepted_tokens={accepted_tokens!r}: must be >= 0")
+        self.ema = a if self.ema is None else self.alpha * a + (1.0 - self.alpha) * self.ema
+
+    def step(self, accepted_tokens: float | None = None) -> int:
+        """Observe (if given), pick S and make its state active; returns the S now served."""
+        if accepted_tokens is not None:
+            self.observe(accepted_tokens)
+        if self._generation != self.worker._generation:
+            logger.info("worker was reloaded: rebuilding %d candidate states", len(self._candidates))
+            self._build()
+        s = self.choose()
+        target = self._states[s]
+        if self.worker.state is not target:
+            self.worker.apply_runtime_state(target)
+            self.switches += 1
+        self.steps_per_state[s] = self.steps_per_state.get(s, 0) + 1
+        return s
+
+    def release(self) -> None:
+        """Release every candidate state not currently active."""
+        for state in self._states.values():
+            if state is not self.worker.state:
+                state.release()
+
+
+def _check_candidates(candidates: Sequence[int | tuple[int, int]]) -> list[tuple[int, int | None]]:
+    """[(S, N or None)] ascending by S, unique, non-empty."""
+    if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__"):
+        raise TypeError(f"candidate_steps={candidates!r}: must be a sequence of ints or (S, N) pairs")
+    out: list[tuple[int, int | None]] = []
+    for i, c in enumerate(candidates):
+        s, n = (c if isinstance(c, tuple) else (c, None))
+        out.append((require_positive_int(f"candidate_steps[{i}]", s), n))
+    if not out:
+        raise ValueError("candidate_steps=[]: needs at least one candidate")
+    steps = [s for s, _ in out]
+    if steps != sorted(set(steps)):
+        raise ValueError(f"candidate_steps={steps!r}: the steps must be ascending and unique")
+    return out

@@ -1,0 +1,98 @@
+"""RuntimeArgs from a JSON or TOML file, and a reload-on-signal hook for servers.
+
+File layout = RuntimeArgs' fields:
+    {"speculative": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+     "cuda_graph_config": {"decode": {"max_bs": 32, "bs": null, "disabled": false}},
+     "max_running_requests": 64, "device": "cpu"}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal as _signal
+import tomllib
+from collections.abc import Callable
+from typing import Any
+
+from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+
+__all__ = ["load_runtime_args", "runtime_args_from_dict", "install_reload_signal"]
+
+logger = logging.getLogger(__name__)
+
+_TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device")
+_SPEC = ("num_steps", "topk", "num_draft_tokens")
+_PHASE = ("max_bs", "bs", "disabled")
+
+
+def load_runtime_args(path: str | os.PathLike[str]) -> RuntimeArgs:
+    """Parse ``path`` (.json, or .toml) into validated RuntimeArgs; errors name the file."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ValueError(f"runtime args file {path!r}: cannot read it ({exc})") from exc
+    try:
+        return runtime_args_from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"runtime args file {path!r}: {exc}") from exc
+
+
+def runtime_args_from_dict(data: Any) -> RuntimeArgs:
+    """RuntimeArgs from nested plain data; unknown keys are errors, not silently ignored."""
+    _check_keys("runtime args", data, _TOP)
+    if "speculative" not in data:
+        raise ValueError("speculative: missing (num_steps, topk[, num_draft_tokens])")
+    spec = data["speculative"]
+    _check_keys("speculative", spec, _SPEC)
+    graphs = data.get("cuda_graph_config")
+    graph_cfg = None
+    if graphs is not None:
+        _check_keys("cuda_graph_config", graphs, ("decode",))
+        decode = graphs.get("decode") or {}
+        _check_keys("cuda_graph_config.decode", decode, _PHASE)
+        bs = decode.get("bs")
+        graph_cfg = CudaGraphConfig(PhaseGraphConfig(
+            max_bs=decode.get("max_bs"), bs=tuple(bs) if isinstance(bs, list) else bs,
+            disabled=decode.get("disabled", False)))
+    return RuntimeArgs(
+        speculative=SpeculativeConfig(**spec),
+        cuda_graph_config=graph_cfg,
+        max_running_requests=data.get("max_running_requests"),
+        device=data.get("device", "cpu"),
+    )
+
+
+def _check_keys(where: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where}={value!r}: must be a table/object")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {list(allowed)}")
+
+
+def install_reload_signal(worker: Any, path: str | os.PathLike[str], signal: int = _signal.SIGHUP,
+                          policy: str = "swap") -> Callable[[], None]:
+    """On ``signal``, read ``path`` and request a reload (applied at the worker's next step).
+
+    The handler only parses and records the request, so it is safe between any two bytecodes
+    of a step; a bad file is logged and ignored (the worker keeps serving). Returns a callable
+    that restores the previous handler. Call from the main thread.
+    """
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            worker.request_reload(load_runtime_args(path), policy)
+            logger.info("signal %d: reload from %s requested", signum, path)
+        except (TypeError, ValueError) as exc:
+            logger.error("signal %d: reload from %s rejected: %s", signum, path, exc)
+
+    previous = _signal.signal(signal, handler)
+
+    def uninstall() -> None:
+        _signal.signal(signal, previous)
+
+    return uninstall

@@ -1,0 +1,44 @@
+"""Repeated capture/release cycles must not grow memory."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from draftgraph.graphs import GraphCaptureManager
+
+psutil = pytest.importorskip("psutil")
+
+WARMUP_CYCLES, CYCLES = 20, 200
+MAX_GROWTH_BYTES = 10 * 2**20
+
+
+def _step(x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, 64], ids [B, 8] -> (softmax(x) [B, 64], gathered ids [B, 2])."""
+    p = torch.softmax(x, dim=-1)
+    _, i = torch.topk(p[:, :8], 2, dim=-1)
+    return p, torch.gather(ids, 1, i)
+
+
+def _cycle(manager: GraphCaptureManager, batch: dict[str, torch.Tensor]) -> None:
+    manager.capture()
+    manager.run(batch)
+    manager.release()
+
+
+def test_capture_release_cycles_keep_rss_flat() -> None:
+    static = {"x": torch.zeros(8, 64), "ids": torch.zeros(8, 8, dtype=torch.long)}
+    manager = GraphCaptureManager(_step, static, [4, 8], backend="trace")
+    batch = {"x": torch.randn(3, 64), "ids": torch.randint(0, 9, (3, 8))}
+    process = psutil.Process()
+    for _ in range(WARMUP_CYCLES):
+        _cycle(manager, batch)
+    gc.collect()
+    baseline = process.memory_info().rss
+    for _ in range(CYCLES):
+        _cycle(manager, batch)
+    gc.collect()
+    growth = process.memory_info().rss - baseline
+    assert growth < MAX_GROWTH_BYTES, f"RSS grew {growth / 2**20:.1f} MiB over {CYCLES} cycles"
+    assert manager.stats.captures == WARMUP_CYCLES + CYCLES and not manager.is_captured
