@@ -12,6 +12,7 @@ is for capture semantics and node counts, not speed.
 
 from __future__ import annotations
 
+import linecache
 import logging
 
 import torch
@@ -96,15 +97,37 @@ def _trace(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphM
         seen.append(outs)
         return outs
 
+    before = _fx_source_keys()
     try:
         gm = make_fx(traced, tracing_mode="real")(*args)
     except GraphCaptureError:
+        _evict_fx_sources(_fx_source_keys() - before)
         raise
     except RuntimeError as exc:
+        _evict_fx_sources(_fx_source_keys() - before)
         if HOST_SYNC_OP in str(exc):
             raise GraphCaptureError(host_sync_message(HOST_SYNC_OP, size), size=size) from exc
         raise
+    gm.meta["draftgraph_fx_sources"] = _fx_source_keys() - before
     return gm, check_outputs(seen[-1], size)
+
+
+def _fx_source_keys() -> set[str]:
+    """Keys of the generated-source cache FX keeps for every GraphModule it compiles."""
+    loader = getattr(fx.graph_module, "_loader", None)
+    cache = getattr(loader, "eval_cache", None)
+    return set(cache) if isinstance(cache, dict) else set()
+
+
+def _evict_fx_sources(keys: set[str]) -> None:
+    """Drop generated sources of released graphs: FX never frees them, so recapturing in a
+    long-running process would grow memory by a few KB per graph."""
+    loader = getattr(fx.graph_module, "_loader", None)
+    cache = getattr(loader, "eval_cache", None)
+    for key in keys:
+        if isinstance(cache, dict):
+            cache.pop(key, None)
+        linecache.cache.pop(key, None)
 
 
 def _storage_key(t: Tensor) -> int:
@@ -156,6 +179,8 @@ class TraceGraph:
 
     def release(self) -> None:
         """Drop the graph module, views and output buffers it referenced."""
+        if self._gm is not None:
+            _evict_fx_sources(self._gm.meta.get("draftgraph_fx_sources", set()))
         self._gm = None
         self._args = ()
         self._out_views = ()

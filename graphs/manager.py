@@ -83,7 +83,8 @@ class GraphCaptureManager:
         if not sizes and self._backend_name != "eager":
             raise ValueError(f"capture_sizes is empty: backend {self._backend_name!r} needs at least one size")
         if self._backend_name == "cuda" and any(d.type != "cuda" for d in self._static.devices()):
-            raise ValueError(f"static_inputs on {sorted(map(str, self._static.devices()))}: backend 'cuda' needs CUDA tensors")
+            devices = sorted(map(str, self._static.devices()))
+            raise ValueError(f"static_inputs on {devices}: backend 'cuda' needs CUDA tensors")
         self._step = step
         self._sizes = sizes
         self._table = padding_table(sizes) if self._backend_name != "eager" else ()

@@ -12,9 +12,10 @@ import json
 import logging
 import os
 import signal as _signal
-import tomllib
 from collections.abc import Callable
 from typing import Any
+
+import tomllib
 
 from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 

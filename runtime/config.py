@@ -187,8 +187,8 @@ class RuntimeArgs:
     def from_sglang(cls, server_args: Any) -> RuntimeArgs:
         """Read an SGLang-style server_args object by attribute (newer or older layouts)."""
         spec = SpeculativeConfig(
-            num_steps=getattr(server_args, "speculative_num_steps"),
-            topk=getattr(server_args, "speculative_eagle_topk"),
+            num_steps=server_args.speculative_num_steps,
+            topk=server_args.speculative_eagle_topk,
             num_draft_tokens=getattr(server_args, "speculative_num_draft_tokens", None),
         )
         return cls(

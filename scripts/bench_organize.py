@@ -14,7 +14,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import count_ops, emit, load_sglang, time_interleaved  # noqa: E402
-
 from draftgraph.runtime import (  # noqa: E402
     CudaGraphConfig,
     DraftInput,

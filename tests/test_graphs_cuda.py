@@ -6,6 +6,7 @@ import gc
 
 import pytest
 import torch
+
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, record_spans
 
 pytestmark = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from draftgraph.graphs import DebugConfig, GraphCaptureManager, GraphDebugError
 
 # A module-level Python value the step reads: capture bakes it, eager does not.

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from draftgraph.graphs import (
     GraphCaptureError,
     GraphCaptureManager,
     ManagerStats,
     resolve_backend,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 H, K, V = 16, 4, 12
 SIZES = (1, 2, 4, 8)

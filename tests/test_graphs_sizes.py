@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from draftgraph.graphs import (
     DEFAULT_MAX_BS,
     capture_batch_sizes,
@@ -15,8 +18,6 @@ from draftgraph.graphs import (
     padded_size,
     padding_table,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+
 from draftgraph.graphs import (
     GraphCaptureManager,
     disable_nvtx,

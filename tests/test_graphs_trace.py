@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager
 
 SIZES = (1, 2, 4)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from conftest import assert_same
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_same
 from draftgraph.runtime import (
     TinyDraftModel,
     fast_topk,

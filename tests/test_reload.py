@@ -11,8 +11,8 @@ import threading
 import psutil
 import pytest
 import torch
-from conftest import assert_same
 
+from conftest import assert_same
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
