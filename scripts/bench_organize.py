@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import count_ops, emit, load_sglang, time_interleaved  # noqa: E402
+from benchutil import count_ops, emit, load_sglang, synced, time_interleaved  # noqa: E402
 from draftgraph.runtime import (  # noqa: E402
     CudaGraphConfig,
     DraftInput,
@@ -59,7 +59,7 @@ def bench_case(b, s, ref, device, repeats, inner):
     if ref is not None:
         fns["sglang"] = lambda: sglang_organize(ref, inp.topk_p, inp.topk_index, s)
     if device != "cpu":
-        fns = {k: _synced(f) for k, f in fns.items()}
+        fns = {k: synced(f) for k, f in fns.items()}
     t = time_interleaved(fns, repeats=repeats, inner=inner)
     ops = {k: count_ops(f) for k, f in fns.items()}
     row = {"b": b, "S": s, **{f"{k}_us": v * 1e6 for k, v in t.items()},
@@ -70,13 +70,6 @@ def bench_case(b, s, ref, device, repeats, inner):
         row["general/sglang"] = t["general"] / t["sglang"]
     return row
 
-
-def _synced(fn):
-    def run():
-        out = fn()
-        torch.cuda.synchronize()
-        return out
-    return run
 
 
 def targets(rows, have_ref):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["time_interleaved", "count_ops", "emit", "load_sglang", "env_info"]
+__all__ = ["time_interleaved", "count_ops", "emit", "load_sglang", "env_info", "synced"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner: int = 200
@@ -31,6 +31,15 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner
                 fn()
             samples[name].append((time.perf_counter_ns() - start) / inner / 1e9)
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` followed by a CUDA synchronize, so GPU timings include the work itself."""
+    def run() -> Any:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    return run
 
 
 class _OpCounter(TorchDispatchMode):

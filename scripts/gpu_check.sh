@@ -42,7 +42,7 @@ fi
 
 step pytest_cuda "$PY" -m pytest -q -m cuda tests --junitxml="$OUT/junit-cuda.xml"
 
-for bench in bench_graphs bench_organize; do
+for bench in bench_graphs bench_organize bench_reload; do
     if [ -f "scripts/$bench.py" ]; then
         step "$bench" "$PY" "scripts/$bench.py" --json "$OUT/$bench.json"
     fi

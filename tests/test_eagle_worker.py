@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same
+from conftest import assert_same, draft_loop, tree_lists
 from draftgraph.runtime import (
     CudaGraphConfig,
     DraftInput,
@@ -16,7 +15,6 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
     TinyDraftModel,
-    fast_topk,
     make_draft_input,
     max_tree_candidates,
 )
@@ -32,17 +30,9 @@ def worker(s, k=1, n=None, capacity=CAPACITY):
 
 def reference_step(ref, inp, s, k, n):
     """SGLang's draft loop shape, built from SGLang's own select/organize and the same model."""
-    topk_p, topk_index, hidden = inp.topk_p, inp.topk_index, inp.hidden_states
-    scores, lists = None, ([], [], [])
-    for i in range(s):
-        ids, hidden, scores, info = ref.select_top_k_tokens(i, topk_p, topk_index, hidden, scores, k)
-        for j in range(3):
-            lists[j].append(info[j])
-        if i == s - 1:
-            break
-        logits, hidden = MODEL(ids, hidden)
-        topk_p, topk_index = fast_topk(torch.softmax(logits, -1), k, -1)
-    return ref.organize_draft_results(*lists, n)
+    steps = draft_loop(ref.select_top_k_tokens, MODEL, inp.topk_p, inp.topk_index,
+                       inp.hidden_states, s, k)
+    return ref.organize_draft_results(*tree_lists(steps), n)
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same
+from conftest import assert_same, draft_loop, tree_lists
 from draftgraph.runtime import (
     TinyDraftModel,
     fast_topk,
@@ -31,24 +31,13 @@ def draft_shapes(draw):
 def run_loop(select, b, k, s, seed, coarse):
     """Draft loop over the tiny model with ``select``; coarse probabilities force score ties."""
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(b, MODEL.vocab_size, generator=gen)
-    probs = torch.softmax(logits, -1)
-    if coarse:
-        probs = torch.round(probs * 16) / 16
+    probs = torch.softmax(torch.randn(b, MODEL.vocab_size, generator=gen), -1)
+    hook = (lambda p: torch.round(p * 16) / 16) if coarse else None
+    if hook is not None:
+        probs = hook(probs)
     topk_p, topk_index = fast_topk(probs, k, -1)
     hidden = torch.randn(b, MODEL.hidden_size, generator=gen)
-    scores, per_step = None, []
-    for i in range(s):
-        ids, hidden, scores, info = select(i, topk_p, topk_index, hidden, scores, k)
-        per_step.append((ids, hidden, scores, info))
-        if i == s - 1:
-            break
-        out, hidden = MODEL(ids, hidden)
-        probs = torch.softmax(out, -1)
-        if coarse:
-            probs = torch.round(probs * 16) / 16
-        topk_p, topk_index = fast_topk(probs, k, -1)
-    return per_step
+    return draft_loop(select, MODEL, topk_p, topk_index, hidden, s, k, hook)
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,7 +52,7 @@ def test_select_and_organize_match_sglang(sglang_ref, shape):
         assert_same(a[2], r[2], f"step {i} scores")
         for j in range(3):
             assert_same(a[3][j], r[3][j], f"step {i} tree_info[{j}]")
-    lists = [[step[3][j] for step in ours] for j in range(3)]
+    lists = tree_lists(ours)
     got = organize_draft_results(*lists, n)
     want = sglang_ref.organize_draft_results(*lists, n)
     for j, name in enumerate(("parent_list", "top_scores_index", "draft_tokens")):

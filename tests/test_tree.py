@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import draft_loop, tree_lists
 from draftgraph.runtime import (
     TinyDraftModel,
     fast_topk,
@@ -22,16 +23,8 @@ def drafted(b, k, s, n, seed):
     gen = torch.Generator().manual_seed(seed)
     topk_p, topk_index = fast_topk(torch.softmax(torch.randn(b, 40, generator=gen), -1), k, -1)
     hidden = torch.randn(b, 12, generator=gen)
-    scores, lists = None, ([], [], [])
-    for i in range(s):
-        ids, hidden, scores, info = select_top_k_tokens(i, topk_p, topk_index, hidden, scores, k)
-        for j in range(3):
-            lists[j].append(info[j])
-        if i == s - 1:
-            break
-        logits, hidden = MODEL(ids, hidden)
-        topk_p, topk_index = fast_topk(torch.softmax(logits, -1), k, -1)
-    return organize_draft_results(*lists, n)
+    steps = draft_loop(select_top_k_tokens, MODEL, topk_p, topk_index, hidden, s, k)
+    return organize_draft_results(*tree_lists(steps), n)
 
 
 def slow_reference(verified, parent_list, top_idx, tokens, seq_len, k, n):

@@ -135,3 +135,22 @@ def test_cuda_graph_equals_eager(k, n):
     for b in (1, 3, 8, 12, 13, 40):
         check_graph_equals_eager(w, b, seed=b)
     assert all(v is None or v >= 0 for v in w.state.stats.nodes.values())
+
+
+@pytest.mark.parametrize("k,n", [(1, None), (4, 8)])
+def test_jit_replay_engine_keeps_semantics(monkeypatch, k, n):
+    """DRAFTGRAPH_TRACE_REPLAY=jit replays through TorchScript: same results, same aliasing."""
+    monkeypatch.setenv("DRAFTGRAPH_TRACE_REPLAY", "jit")
+    w = captured_worker(k, 3, n)
+    engines = {g.engine for g in w.state.graphs._graphs.values()}
+    assert engines == {"jit"}
+    for b in (1, 3, 12, 30):
+        check_graph_equals_eager(w, b, seed=b)
+    if k == 1:
+        test_chain_graph_returns_chain_buffer_views(w)
+
+
+def test_bad_replay_engine_is_rejected(monkeypatch):
+    monkeypatch.setenv("DRAFTGRAPH_TRACE_REPLAY", "python")
+    with pytest.raises(ValueError, match="DRAFTGRAPH_TRACE_REPLAY='python'"):
+        captured_worker(1)

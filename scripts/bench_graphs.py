@@ -1,0 +1,115 @@
+"""Graph benchmark: eager vs replay of the EagleDraftWorker step per batch size, node counts
+of the chain vs tree step graphs, and capture time of the whole size list.
+
+CPU: the trace backend, replayed through FX (default) and TorchScript (DRAFTGRAPH_TRACE_REPLAY=jit),
+side by side; with a GPU: the cuda backend. Prints a table and JSON (``--json PATH`` writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import emit, synced, time_interleaved
+from draftgraph.graphs import GraphCaptureManager
+from draftgraph.runtime import (
+    CudaGraphConfig,
+    EagleDraftWorker,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    TinyDraftModel,
+    make_draft_input,
+)
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+CONFIGS = {"chain": (3, 1, None), "tree": (3, 4, 8)}
+
+
+def build(kind: str, device: str, backend: str, engine: str | None) -> tuple[EagleDraftWorker, float]:
+    """A captured worker for ``kind`` and the seconds its whole size list took to capture."""
+    s, k, n = CONFIGS[kind]
+    args = RuntimeArgs(SpeculativeConfig(s, k, n), CudaGraphConfig(PhaseGraphConfig(bs=SIZES)),
+                       device=device)
+    worker = EagleDraftWorker(args, TinyDraftModel(device=device))
+    old = os.environ.get("DRAFTGRAPH_TRACE_REPLAY")
+    if engine:
+        os.environ["DRAFTGRAPH_TRACE_REPLAY"] = engine
+    try:
+        start = time.perf_counter()
+        worker.capture_graphs(backend)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return worker, time.perf_counter() - start
+    finally:
+        if old is None:
+            os.environ.pop("DRAFTGRAPH_TRACE_REPLAY", None)
+        else:
+            os.environ["DRAFTGRAPH_TRACE_REPLAY"] = old
+
+
+def organize_free_nodes(worker: EagleDraftWorker) -> dict[int, int | None]:
+    """Node counts of the same chain step with the organize stage left out."""
+    step, static, pads = worker._graph_step(worker.state, SIZES[-1], organize=False)
+    mgr = GraphCaptureManager(step, static, SIZES, backend=worker.state.graphs.backend_name,
+                              pad_values=pads)
+    mgr.capture()
+    nodes = {s: mgr.node_count(s) for s in SIZES}
+    mgr.release()
+    return nodes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--inner", type=int, default=40)
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.repeats, a.inner = 3, 10
+    backend = "cuda" if a.device.startswith("cuda") else "trace"
+    engines = [None, "jit"] if backend == "trace" else [None]
+    rows, capture, nodes = [], {}, {}
+    for kind in CONFIGS:
+        workers = {}
+        for engine in engines:
+            w, secs = build(kind, a.device, backend, engine)
+            label = f"{backend}-{engine or 'fx'}" if backend == "trace" else backend
+            workers[label] = w
+            capture[f"{kind}/{label}"] = round(secs, 3)
+        first = next(iter(workers.values()))
+        nodes[kind] = {s: first.state.graphs.node_count(s) for s in SIZES}
+        if kind == "chain":
+            nodes["chain_without_organize"] = organize_free_nodes(first)
+        for b in SIZES:
+            inp = make_draft_input(b, first.topk, seed=b, device=a.device)
+            fns = {"eager": lambda w=first, i=inp: w.draft_step(w.state, i.topk_p, i.topk_index,
+                                                                i.hidden_states, count=False)}
+            for label, w in workers.items():
+                fns[label] = lambda w=w, i=inp: w.draft_forward(i)
+            if a.device != "cpu":
+                fns = {k: synced(f) for k, f in fns.items()}
+            t = time_interleaved(fns, repeats=a.repeats, inner=a.inner)
+            row = {"kind": kind, "b": b, "nodes": nodes[kind][b], "eager_us": t["eager"] * 1e6}
+            for label in workers:
+                row[f"{label}_us"] = t[label] * 1e6
+                row[f"eager/{label}"] = t["eager"] / t[label]
+            rows.append(row)
+    cols = ["kind", "b", "nodes", "eager_us"] + [c for c in rows[0] if c.endswith("_us") and c != "eager_us"]
+    cols += [c for c in rows[0] if c.startswith("eager/")]
+    extra = {"device": a.device, "backend": backend, "capture_s_whole_size_list": capture,
+             "sizes": list(SIZES), "nodes": nodes,
+             "chain_organize_adds_no_node": nodes["chain"] == nodes["chain_without_organize"]}
+    return emit("graphs", rows, cols, extra, a.json)
+
+
+
+if __name__ == "__main__":
+    main()
