@@ -83,7 +83,7 @@ class ReloadMixin:
             self._args, self._generation, self._state = new_args, self._generation + 1, new
             old.release()
             self.counters.reloads += 1
-            self._record_reload(policy, start, ok=True, error=None)
+            self._record_reload(policy, start, ok=True, error=None, state=new)
         logger.info("reloaded to %s (%s) in %.3f s", new_args.speculative, policy,
                     self.reload_history[-1]["seconds"])
 
@@ -102,7 +102,12 @@ class ReloadMixin:
         except ReloadError:
             logger.exception("requested reload failed")
 
-    def _record_reload(self, policy: str, start: float, ok: bool, error: str | None) -> None:
+    def _record_reload(self, policy: str, start: float, ok: bool, error: str | None,
+                       state: Any = None) -> None:
         """Keep the last reloads (bounded, so a long-running server does not grow)."""
-        self.reload_history.append({"policy": policy, "seconds": time.perf_counter() - start,
-                                    "ok": ok, "error": error})
+        stats = state.stats if state is not None else None
+        self.reload_history.append({
+            "policy": policy, "seconds": time.perf_counter() - start, "ok": ok, "error": error,
+            "capture_s": stats.capture_s if stats else 0.0,
+            "capture_bytes": stats.capture_bytes if stats else 0,
+        })

@@ -195,7 +195,8 @@ def print_summary(s: dict) -> None:
     print(f"  {'padding waste':24s} {s['padding_waste_rows']} rows "
           f"({s['padding_waste_per_replay']} per replay)")
     for r in s["reloads"]:
-        print(f"  reload ({r['policy']}): {'ok' if r['ok'] else 'FAILED'} in {r['seconds']:.3f} s")
+        print(f"  reload ({r['policy']}): {'ok' if r['ok'] else 'FAILED'} in {r['seconds']:.3f} s "
+              f"(capture {r['capture_s']:.3f} s, {r['capture_bytes'] / 1024:.1f} KiB of graph outputs)")
     print(f"  {'RSS growth':24s} {s['rss_delta_mib']} MiB")
 
 

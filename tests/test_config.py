@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -133,29 +134,32 @@ def test_frozen():
 
 OPTIMIZED_SCRIPT = r"""
 import sys
-from draftgraph.runtime import SpeculativeConfig, PhaseGraphConfig, RuntimeArgs
-assert False, "this assert must be stripped under -O"
-cases = [
-    (lambda: SpeculativeConfig(0, 1), "num_steps=0"),
-    (lambda: SpeculativeConfig(3, 1, 7), "num_steps + 1"),
-    (lambda: SpeculativeConfig(2, 2, 8), "topk + (num_steps - 1)"),
-    (lambda: PhaseGraphConfig(bs=(3, 1)), "sorted"),
-    (lambda: RuntimeArgs(SpeculativeConfig(2, 1), max_running_requests=-1), "max_running_requests"),
-]
-for make, fragment in cases:
-    try:
-        make()
-    except ValueError as exc:
-        if fragment not in str(exc):
-            sys.exit(f"wrong message: {exc}")
-    else:
-        sys.exit(f"no error for {fragment}")
-print("ok")
+sys.path.insert(0, sys.argv[1])
+try:
+    assert False
+except AssertionError:
+    sys.exit("asserts are not stripped: not running under -O")
+import test_config as t
+from draftgraph.runtime import PhaseGraphConfig, SpeculativeConfig
+checked = 0
+for make, cases in ((SpeculativeConfig, t.SPEC_CASES), (PhaseGraphConfig, t.PHASE_CASES)):
+    for kwargs, exc, fragment in cases:
+        try:
+            make(**kwargs)
+        except exc as err:
+            if fragment not in str(err):
+                sys.exit(f"{kwargs}: wrong message {err}")
+        else:
+            sys.exit(f"{kwargs}: no error under -O")
+        checked += 1
+print(checked)
 """
 
 
 def test_validation_survives_python_O():
-    proc = subprocess.run([sys.executable, "-O", "-c", OPTIMIZED_SCRIPT], capture_output=True,
+    """Every rule above, run again with asserts stripped (python -O)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-O", "-c", OPTIMIZED_SCRIPT, here], capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
+    assert proc.returncode == 0, proc.stderr or proc.stdout
+    assert int(proc.stdout.strip().splitlines()[-1]) == len(SPEC_CASES) + len(PHASE_CASES)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import assert_same
+from draftgraph.graphs import record_spans
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -71,12 +72,22 @@ def test_reload_matches_fresh_worker(policy, new):
     for b in (1, 2, 3, 4, 9):
         assert_pairs(outputs(w, b, b), outputs(fresh, b, b), f"{policy} b={b}")
     assert w.counters.reloads == 1 and w.reload_history[-1]["ok"]
+    assert w.reload_history[-1]["capture_bytes"] > 0 and w.reload_history[-1]["capture_s"] > 0
     assert w.state.has_graphs and w.counters.graph_replays > 0
 
 
 def assert_pairs(a, b, what):
     for j in range(3):
         assert_same(a[j], b[j], f"{what} output {j}")
+
+
+def test_reload_emits_span_with_policy():
+    w = captured(args_for(3))
+    with record_spans() as spans:
+        w.reload(args_for(2), policy="release_first")
+    reloads = [attrs for name, attrs in spans if name == "reload"]
+    assert reloads == [{"policy": "release_first"}]
+    assert any(name == "capture" for name, _ in spans)  # the recapture inside it
 
 
 def test_swap_failure_keeps_old_state_serving():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,3 +118,16 @@ def test_unselected_parent_is_reported():
         assert "parent was not selected" in str(exc)
     else:
         raise AssertionError("no error for an unselected parent")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_build_tree_on_cuda_matches_cpu():
+    for b, k, s, n in ((3, 1, 4, 5), (4, 4, 3, 9), (2, 2, 5, 12)):
+        parent_list, top_idx, tokens = drafted(b, k, s, n, seed=b + k)
+        verified, seq_lens = torch.arange(b), torch.full((b,), 9)
+        cpu = build(verified, parent_list, top_idx, tokens, seq_lens, k, s, n)
+        gpu = build(*(t.cuda() for t in (verified, parent_list, top_idx, tokens, seq_lens)), k, s, n)
+        for name in ("tokens", "positions", "parents", "tree_mask", "retrieve_index",
+                     "retrieve_next_token", "retrieve_next_sibling"):
+            assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
