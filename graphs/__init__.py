@@ -24,6 +24,7 @@ from .spans import (
     nvtx_enabled,
     record_spans,
     span,
+    spans_active,
 )
 from .stats import ManagerStats, SizeStats
 
@@ -52,4 +53,5 @@ __all__ = [
     "record_spans",
     "resolve_backend",
     "span",
+    "spans_active",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "record_spans",
     "span",
     "span_label",
+    "spans_active",
 ]
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,14 @@ class _Span:
         if self._nvtx:
             _SWITCH.domain.pop_range()
             self._nvtx = False
+
+
+def spans_active() -> bool:
+    """True when a span would record anything (NVTX on, a recorder, or a torch profiler).
+
+    For hot paths that want to skip even building a span's arguments when nobody listens.
+    """
+    return _SWITCH.active or _profiler_enabled()
 
 
 def span(name: str, **attrs: Any) -> contextlib.AbstractContextManager[Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span
+from draftgraph.graphs import span, spans_active
 
 from .config import RuntimeArgs
 from .draft_input import unpack_draft_input
@@ -53,7 +53,11 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)
         if buf is not None and buf.key.num_steps == s == width and b <= buf.key.capacity:
             self.counters.fast_path_hits += 1
-            parents, score_indices = buf.view(b)
+            if spans_active():  # the hot path skips even the span's arguments when nobody listens
+                with span("organize_fast", bs=b, num_steps=s):
+                    parents, score_indices = buf.view(b)
+            else:
+                parents, score_indices = buf.view(b)
             return parents, score_indices, topk_index
         if buf is not None and width == s:
             self.counters.capacity_fallbacks += 1

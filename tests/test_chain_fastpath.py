@@ -129,3 +129,17 @@ def test_sglang_style_input_object_works():
     inp = chain_input(3, 4, seed=2)
     got = w.draft_forward(EagleDraftInputLike(inp))
     assert got[2] is inp.topk_index
+
+
+def test_fast_path_span_only_when_listened_to():
+    from draftgraph.graphs import record_spans, spans_active
+
+    w = make_worker(3)
+    inp = chain_input(2, 3, seed=0)
+    assert not spans_active()
+    with record_spans() as spans:
+        assert spans_active()
+        w.draft_forward(inp)
+        w.draft_forward(chain_input(2 * CAPACITY, 3, seed=0))
+    assert spans == [("organize_fast", {"bs": 2, "num_steps": 3}),
+                     ("organize_tree", {"bs": 2 * CAPACITY, "num_steps": 3})]
