@@ -61,7 +61,7 @@ class RuntimeState:
     """
 
     def __init__(self, spec: SpeculativeConfig, capture_sizes: tuple[int, ...],
-                 chain_buffers: ChainBuffers | None, owner: int) -> None:
+                 chain_buffers: ChainBuffers | None, owner: object) -> None:
         self.spec = spec
         self.capture_sizes = tuple(capture_sizes)
         self.chain_buffers = chain_buffers

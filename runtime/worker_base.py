@@ -47,6 +47,7 @@ class EagleDraftWorkerBase(ReloadMixin):
             raise ConfigTypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         self._args = args
         self._generation = 0
+        self._token = object()  # identifies this worker's states (an id() could be reused)
         self._chain_cache = ChainBufferCache()
         self._lock = threading.RLock()
         self._pending: tuple[RuntimeArgs, str] | None = None
@@ -128,7 +129,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         """A complete state for ``spec`` with its buffers; graphs are captured separately."""
         args = args or self._args
         state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._chain_for(spec, args),
-                             id(self))
+                             self._token)
         state.generation = self._generation if generation is None else generation
         return state
 
@@ -190,13 +191,12 @@ class EagleDraftWorkerBase(ReloadMixin):
         whose buffers and graphs are untouched. Nests. ``capture_bs=[]`` means no graphs."""
         spec = self._spec_for(num_steps, num_draft_tokens)
         with self._lock:
-            sizes_state = self._new_state(spec, capture_bs)
-            previous = self._state
             with span("rebuild", num_steps=spec.num_steps, capacity=self.chain_capacity):
-                self._state = sizes_state
+                temporary = self._new_state(spec, capture_bs)
                 self.counters.rebuilds += 1
+            previous, self._state = self._state, temporary
             try:
-                yield sizes_state
+                yield temporary
             finally:
                 self._state = previous
 
@@ -211,7 +211,7 @@ class EagleDraftWorkerBase(ReloadMixin):
 
     def apply_runtime_state(self, state: RuntimeState) -> None:
         """Switch to a built state: O(1), no capture, no allocation."""
-        if not isinstance(state, RuntimeState) or state.owner != id(self):
+        if not isinstance(state, RuntimeState) or state.owner is not self._token:
             raise ValueError(f"state={state!r}: not a state built by this worker")
         if state.generation != self._generation:
             raise ValueError(
