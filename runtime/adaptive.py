@@ -60,7 +60,11 @@ class AdaptiveStepController:
         return dict(self._states)
 
     def _build(self) -> None:
-        """Build every candidate's state (captured when the worker captures)."""
+        """Build every candidate's state; states of an earlier build are released (their graphs
+        were captured for arguments the worker no longer serves)."""
+        for old in getattr(self, "_states", {}).values():
+            if old is not self.worker.state:
+                old.release()
         self._generation = self.worker._generation
         self._states = {
             s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend)

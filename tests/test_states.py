@@ -157,3 +157,17 @@ def test_adaptive_controller_follows_acceptance():
         AdaptiveStepController(w, [3, 2])
     with pytest.raises(ValueError, match="accepted_tokens=-1"):
         ctl.observe(-1)
+
+
+def test_adaptive_controller_rebuilds_after_reload_and_releases_old_states():
+    w = make_worker(3, capture=False)
+    ctl = AdaptiveStepController(w, [2, 3], capture_bs=[1, 2], backend="trace")
+    old = ctl.states
+    ctl.step(1.5)
+    w.reload(RuntimeArgs(SpeculativeConfig(4, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4)))))
+    assert ctl.step(1.5) == 3
+    assert all(st.graphs is None for st in old.values())  # released, not left to the GC
+    new = ctl.states
+    assert w.state is new[3] and new[3].capture_sizes == (1, 2)
+    assert new[3].generation == 1 and new[3].has_graphs
+    check_replays_match_eager(w, bs=(1, 2))
