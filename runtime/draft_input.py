@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DraftInput", "unpack_draft_input"]
+__all__ = ["DraftInput", "checked_topk", "unpack_draft_input"]
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,21 @@ class DraftInput:
 
 
 def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(topk_p, topk_index, hidden_states) of any object with those attributes, checked.
+    """(topk_p, topk_index, hidden_states) of any object with those attributes, checked:
+    topk_p and topk_index 2-D tensors of one shape [b, *] with b >= 1."""
+    topk_p, topk_index, _ = checked_topk(draft_input)
+    return topk_p, topk_index, getattr(draft_input, "hidden_states", None)
 
-    The checks are ordered for the hot path (a few attribute reads); diagnosis is done only
-    when something is wrong.
-    """
+
+def checked_topk(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
+    """(topk_p, topk_index, their shape) for hot paths: a few attribute reads, one shape read;
+    what is wrong is diagnosed only when something is."""
     topk_p = getattr(draft_input, "topk_p", None)
     topk_index = getattr(draft_input, "topk_index", None)
-    hidden = getattr(draft_input, "hidden_states", None)
     if (type(topk_index) is not torch.Tensor or type(topk_p) is not torch.Tensor
             or len(shape := topk_index.shape) != 2 or topk_p.shape != shape or not shape[0]):
         _raise_bad_input(draft_input, topk_p, topk_index)
-    return topk_p, topk_index, hidden
+    return topk_p, topk_index, shape
 
 
 def _raise_bad_input(draft_input: Any, topk_p: Any, topk_index: Any) -> None:

@@ -15,7 +15,7 @@ import torch
 from draftgraph.graphs import span, spans_active
 
 from .config import RuntimeArgs
-from .draft_input import unpack_draft_input
+from .draft_input import checked_topk
 from .organize import organize_chain_steps
 from .worker_base import EagleDraftWorkerBase
 
@@ -45,11 +45,10 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         """
         if self._pending is not None:
             self._apply_pending()
-        topk_p, topk_index, hidden = unpack_draft_input(draft_input)
+        topk_p, topk_index, (b, width) = checked_topk(draft_input)
         state = self._state  # one read: a concurrent swap cannot mix two states
         buf = state.chain_buffers
         s = state.spec.num_steps
-        b, width = topk_index.shape
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)
         if buf is not None and buf.key.num_steps == s == width and b <= buf.key.capacity:
             self.counters.fast_path_hits += 1
@@ -61,6 +60,7 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
             return parents, score_indices, topk_index
         if buf is not None and width == s:
             self.counters.capacity_fallbacks += 1
+        hidden = getattr(draft_input, "hidden_states", None)
         return self._draft_forward_organize(topk_p, topk_index, hidden, state.spec.num_steps,
                                             state.spec.num_draft_tokens)
 
