@@ -25,6 +25,7 @@ from .spans import (
     record_spans,
     span,
     spans_active,
+    suppress_spans,
 )
 from .stats import ManagerStats, SizeStats
 
@@ -54,4 +55,5 @@ __all__ = [
     "resolve_backend",
     "span",
     "spans_active",
+    "suppress_spans",
 ]

@@ -29,7 +29,7 @@ from .backends import (
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
 from .sizes import padded_size, padding_table
-from .spans import span
+from .spans import span, suppress_spans
 from .static import PadValue, StaticInputs
 from .stats import ManagerStats, SizeCounters
 
@@ -210,7 +210,8 @@ class GraphCaptureManager:
         """Capture one size and time it."""
         with span("capture", size=size, backend=self._backend_name):
             start = time.perf_counter()
-            graph = backend.capture(size, self._flat_step, self._static.views(size))
+            with suppress_spans():  # spans in the step would not replay / would become graph ops
+                graph = backend.capture(size, self._flat_step, self._static.views(size))
             elapsed = time.perf_counter() - start
         return graph, SizeCounters(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes)
 

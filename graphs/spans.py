@@ -33,6 +33,7 @@ __all__ = [
     "span",
     "span_label",
     "spans_active",
+    "suppress_spans",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,13 +60,14 @@ _profiler_enabled = _profiler_flag()
 class _Switch:
     """The profiling switch: NVTX on/off, the cached domain and the active recorders."""
 
-    __slots__ = ("active", "domain", "nvtx", "recorders")
+    __slots__ = ("active", "domain", "nvtx", "recorders", "suppressed")
 
     def __init__(self) -> None:
         self.nvtx = False
         self.domain: Any = None
         self.recorders: list[list[SpanRecord]] = []
         self.active = False
+        self.suppressed = 0
 
     def refresh(self) -> None:
         """Recompute the fast-path flag after a change."""
@@ -151,14 +153,26 @@ def spans_active() -> bool:
 
     For hot paths that want to skip even building a span's arguments when nobody listens.
     """
-    return _SWITCH.active or _profiler_enabled()
+    return (_SWITCH.active or _profiler_enabled()) and not _SWITCH.suppressed
 
 
 def span(name: str, **attrs: Any) -> contextlib.AbstractContextManager[Any]:
-    """Context manager around a host-side stage; the shared null context when nothing listens."""
-    if _SWITCH.active or _profiler_enabled():
+    """Context manager around a host-side stage; the shared null context when nothing listens
+    or while a graph is being captured (see `suppress_spans`)."""
+    if (_SWITCH.active or _profiler_enabled()) and not _SWITCH.suppressed:
         return _Span(name, attrs)
     return _NULL_SPAN
+
+
+@contextlib.contextmanager
+def suppress_spans() -> Iterator[None]:
+    """No spans inside: used around graph capture, where a range would not replay (cuda) or a
+    profiler range would be recorded into the graph as ops (trace). Nests."""
+    _SWITCH.suppressed += 1
+    try:
+        yield
+    finally:
+        _SWITCH.suppressed -= 1
 
 
 @contextlib.contextmanager

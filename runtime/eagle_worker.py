@@ -79,6 +79,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                 if padded is not None:
                     return self._replay(state, graphs, padded, topk_p, topk_index, hidden)
                 self.counters.graph_eager_fallbacks += 1
+                state.stats.eager_steps += 1
+                self.counters.eager_steps += 1
+                with span("eager_fallback", bs=b):
+                    return self.draft_step(state, topk_p, topk_index, hidden)
             state.stats.eager_steps += 1
             self.counters.eager_steps += 1
             return self.draft_step(state, topk_p, topk_index, hidden)
@@ -116,7 +120,11 @@ class EagleDraftWorker(EagleDraftWorkerBase):
     # ---- the step --------------------------------------------------------------------------
     def draft_step(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
                    hidden: torch.Tensor, organize: bool = True, count: bool = True) -> Any:
-        """One draft step of ``state``: capturable; ``organize=False`` returns the tokens only."""
+        """One draft step of ``state``: capturable; ``organize=False`` returns the tokens only.
+
+        ``count`` is the host-side bookkeeping (counters, organize spans): False inside a
+        captured step, where a span would be recorded into the graph (trace) or not replay (cuda).
+        """
         spec = state.spec
         b = topk_index.shape[0]
         buf = state.chain_for(spec.num_steps)
@@ -124,8 +132,9 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             tokens = self._chain_tokens(spec.num_steps, topk_index, hidden)
             if not organize:
                 return tokens
-            if count:
-                self.counters.fast_path_hits += 1
+            if not count:
+                return (*buf.view(b), tokens)
+            self.counters.fast_path_hits += 1
             with span("organize_fast", bs=b):
                 parents, score_indices = buf.view(b)
             return parents, score_indices, tokens
@@ -134,8 +143,9 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
         if not organize:
             return torch.cat(lists[1], dim=1)
-        if count:
-            self.counters.tree_path_calls += 1
+        if not count:
+            return organize_draft_results(*lists, spec.num_draft_tokens)
+        self.counters.tree_path_calls += 1
         with span("organize_tree", bs=b, num_steps=spec.num_steps):
             return organize_draft_results(*lists, spec.num_draft_tokens)
 

@@ -91,3 +91,24 @@ def test_nvtx_switch_and_missing_package(nvtx_off, monkeypatch) -> None:
     assert enable_nvtx() is False and not nvtx_enabled()
     with span("still-works"):
         pass
+
+
+def _step_with_inner_span(x: torch.Tensor) -> torch.Tensor:
+    with span("inner", bs=x.shape[0]):
+        return x * 2
+
+
+def test_spans_inside_a_captured_step_are_not_recorded_into_the_graph(nvtx_off) -> None:
+    from draftgraph.graphs import GraphCaptureManager
+
+    plain = GraphCaptureManager(_step_with_inner_span, {"x": torch.zeros(4, 3)}, [2, 4], backend="trace")
+    plain.capture()
+    profiled = GraphCaptureManager(_step_with_inner_span, {"x": torch.zeros(4, 3)}, [2, 4], backend="trace")
+    with record_spans() as spans, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        profiled.capture()
+        out = profiled.run({"x": torch.ones(3, 3)})
+    assert profiled.node_count(4) == plain.node_count(4) == 1
+    assert torch.equal(out, torch.full((3, 3), 2.0))
+    names = [n for n, _ in spans]
+    assert names.count("inner") == 1  # the eager warm-up only, not the two captures
+    assert "capture" in names and "replay" in names

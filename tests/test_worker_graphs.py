@@ -112,6 +112,13 @@ def test_graphs_refused_after_raw_step_change():
     assert w.counters.fast_path_hits == 0  # S=3 buffers refused as well
 
 
+def test_capture_under_profiler_keeps_node_counts(chain_worker):
+    """Spans are host-side only: capturing while a profiler runs records none into the graph."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        w = captured_worker(1)
+    assert w.state.stats.nodes == chain_worker.state.stats.nodes
+
+
 def test_spans_emitted_by_worker():
     w = captured_worker(1)
     with record_spans() as spans:
@@ -122,6 +129,7 @@ def test_spans_emitted_by_worker():
     replay_attrs = dict(spans[names.index("replay")][1])
     assert replay_attrs["bs"] == 3 and replay_attrs["padded"] == 4
     assert "organize_fast" in names  # the eager step above the largest size, within capacity
+    assert dict(spans[names.index("eager_fallback")][1]) == {"bs": 20}
     with record_spans() as spans:
         w.rebuild_chain_buffers()
     assert [n for n, _ in spans] == ["rebuild"]
