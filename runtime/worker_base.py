@@ -188,7 +188,8 @@ class EagleDraftWorkerBase(ReloadMixin):
                               capture_bs: Sequence[int] | None = None) -> Iterator[RuntimeState]:
         """Temporarily serve (S, N): validate (nothing changes on error), swap in a state with its
         own chain buffers, yield it; on exit, also on error, restore the previous state object,
-        whose buffers and graphs are untouched. Nests. ``capture_bs=[]`` means no graphs."""
+        whose buffers and graphs are untouched. Nests. ``capture_bs=[]`` means no graphs.
+        Holds the worker's lock throughout: steps of other threads wait until it exits."""
         spec = self._spec_for(num_steps, num_draft_tokens)
         with self._lock:
             with span("rebuild", num_steps=spec.num_steps, capacity=self.chain_capacity):
@@ -203,7 +204,10 @@ class EagleDraftWorkerBase(ReloadMixin):
     def build_runtime_state(self, num_steps: int, num_draft_tokens: int | None = None,
                             capture_bs: Sequence[int] | None = None,
                             backend: str = "auto") -> RuntimeState:
-        """Build and capture a state for (S, N) without disturbing the active one."""
+        """Build and capture a state for (S, N) without disturbing the active one.
+
+        Equivalent to capturing inside an override, except that the active state is never
+        swapped, so a lock-free reader (the multi-layer fast path) cannot see the new state."""
         spec = self._spec_for(num_steps, num_draft_tokens)
         with self._lock:
             state = self._new_state(spec, capture_bs)
