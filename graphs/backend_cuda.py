@@ -12,6 +12,7 @@ read in a capture-end hook when torch has one, else from ``CUDAGraph(keep_graph=
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -77,11 +78,26 @@ def _capture_into(
     graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream, device: torch.device,
     fn: Callable[[], tuple[Tensor, ...]], size: int,
 ) -> tuple[Tensor, ...]:
-    """Capture ``fn()`` into ``graph`` on ``stream`` in ``pool`` with host syncs rejected."""
-    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=stream), HostSyncGuard(size):
+    """Capture ``fn()`` into ``graph`` on ``stream`` in ``pool`` with host syncs rejected.
+
+    thread_local error mode: a reload may capture from a side thread while other threads of
+    the process keep issuing CUDA work (they wait on the worker's lock, but an engine has more).
+    """
+    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=stream,
+                                                     **_capture_mode()), HostSyncGuard(size):
         outs = fn()
     torch.cuda.synchronize(device)
     return outs
+
+
+@functools.lru_cache(maxsize=1)
+def _capture_mode() -> dict[str, str]:
+    """``capture_error_mode="thread_local"`` where this torch's ``torch.cuda.graph`` takes it."""
+    try:
+        params = inspect.signature(torch.cuda.graph.__init__).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"capture_error_mode": "thread_local"} if "capture_error_mode" in params else {}
 
 
 class CudaGraph:
