@@ -162,3 +162,14 @@ def test_bad_replay_engine_is_rejected(monkeypatch):
     monkeypatch.setenv("DRAFTGRAPH_TRACE_REPLAY", "python")
     with pytest.raises(ValueError, match="DRAFTGRAPH_TRACE_REPLAY='python'"):
         captured_worker(1)
+
+
+@pytest.mark.parametrize("k,n", [(1, None), (4, 8)])
+def test_debug_mode_checks_every_replay_of_the_worker(monkeypatch, k, n):
+    """DRAFTGRAPH_DEBUG=1, every replay compared with eager inside the manager: no mismatch."""
+    monkeypatch.setenv("DRAFTGRAPH_DEBUG", "1")
+    monkeypatch.setenv("DRAFTGRAPH_DEBUG_EVERY", "1")
+    w = captured_worker(k, 3, n)
+    for b in (1, 3, 5, 12):
+        w.draft_forward(make_draft_input(b, k, seed=b))
+    assert w.state.graphs.stats.debug_checks == 4
