@@ -31,18 +31,23 @@ def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def checked_topk(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
-    """(topk_p, topk_index, their shape) for hot paths: a few attribute reads, one shape read;
-    what is wrong is diagnosed only when something is."""
+    """(topk_p, topk_index, their shape) for hot paths: two attribute reads, one shape read;
+    anything unusual (an error, or a tensor subclass) goes to the full check."""
+    try:
+        topk_p = draft_input.topk_p
+        topk_index = draft_input.topk_index
+        b, _ = shape = topk_index.shape
+        if type(topk_index) is torch.Tensor and type(topk_p) is torch.Tensor and topk_p.shape == shape and b:
+            return topk_p, topk_index, shape
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return _full_check(draft_input)
+
+
+def _full_check(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
+    """The same rules as `checked_topk`, with isinstance, raising an error that says what is wrong."""
     topk_p = getattr(draft_input, "topk_p", None)
     topk_index = getattr(draft_input, "topk_index", None)
-    if (type(topk_index) is not torch.Tensor or type(topk_p) is not torch.Tensor
-            or len(shape := topk_index.shape) != 2 or topk_p.shape != shape or not shape[0]):
-        _raise_bad_input(draft_input, topk_p, topk_index)
-    return topk_p, topk_index, shape
-
-
-def _raise_bad_input(draft_input: Any, topk_p: Any, topk_index: Any) -> None:
-    """Say what is wrong with a draft input."""
     for name, t in (("topk_p", topk_p), ("topk_index", topk_index)):
         if t is None:
             raise TypeError(
@@ -57,4 +62,6 @@ def _raise_bad_input(draft_input: Any, topk_p: Any, topk_index: Any) -> None:
             f"draft_input.topk_p {tuple(topk_p.shape)} and topk_index {tuple(topk_index.shape)}: "
             f"must have the same shape"
         )
-    raise ValueError("draft_input: batch size 0; a draft step needs at least one request")
+    if topk_index.shape[0] == 0:
+        raise ValueError("draft_input: batch size 0; a draft step needs at least one request")
+    return topk_p, topk_index, topk_index.shape

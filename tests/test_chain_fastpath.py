@@ -143,3 +143,20 @@ def test_fast_path_span_only_when_listened_to():
         w.draft_forward(chain_input(2 * CAPACITY, 3, seed=0))
     assert spans == [("organize_fast", {"bs": 2, "num_steps": 3}),
                      ("organize_tree", {"bs": 2 * CAPACITY, "num_steps": 3})]
+
+
+def test_tensor_subclass_inputs_are_accepted():
+    """The hot-path check is by exact type; a tensor subclass takes the full check and passes."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    w = make_worker(3)
+    inp = chain_input(2, 3, seed=0)
+    sub = DraftInput(inp.topk_p.as_subclass(Tagged), inp.topk_index.as_subclass(Tagged))
+    out = w.draft_forward(sub)
+    assert out[2] is sub.topk_index and w.counters.fast_path_hits == 1
+    with pytest.raises(TypeError, match=r"draft_input.topk_index=list: must be a 2-D tensor"):
+        w.draft_forward(DraftInput(inp.topk_p, [[1, 2, 3]]))
+    with pytest.raises(TypeError, match=r"topk_index=\(6,\): must be a 2-D tensor"):
+        w.draft_forward(DraftInput(inp.topk_p, torch.zeros(6, dtype=torch.long)))
