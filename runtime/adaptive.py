@@ -28,12 +28,14 @@ class AdaptiveStepController:
 
     ``alpha`` weights the newest observation in the EMA; ``margin`` is how many tokens beyond
     the expected acceptance to draft. A reload of the worker invalidates the states; they are
-    rebuilt for the new args at the next `step`.
+    rebuilt for the new args at the next `step`. With a ``coordinator`` (`RankCoordinator`,
+    several ranks) every rank serves rank 0's choice as of the latest poll, so all ranks switch
+    at the same step; call ``coordinator.step()`` before this controller's `step` each step.
     """
 
     def __init__(self, worker: Any, candidate_steps: Sequence[int | tuple[int, int]],
                  alpha: float = 0.2, margin: float = 1.0, capture_bs: Sequence[int] | None = None,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", coordinator: Any = None) -> None:
         self._candidates = _check_candidates(candidate_steps)
         if not 0.0 < float(alpha) <= 1.0:
             raise ValueError(f"alpha={alpha!r}: must be in (0, 1]")
@@ -44,6 +46,7 @@ class AdaptiveStepController:
         self.margin = float(margin)
         self._capture_bs = capture_bs
         self._backend = backend
+        self.coordinator = coordinator
         self.ema: float | None = None
         self.switches = 0
         self.steps_per_state: dict[int, int] = {}
@@ -94,6 +97,8 @@ class AdaptiveStepController:
             logger.info("worker was reloaded: rebuilding %d candidate states", len(self._candidates))
             self._build()
         s = self.choose()
+        if self.coordinator is not None:
+            s = self.coordinator.shared_choice(s, initial=self._candidates[-1][0])
         target = self._states[s]
         if self.worker.state is not target:
             self.worker.apply_runtime_state(target)

@@ -11,6 +11,7 @@ import gc
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from draftgraph.graphs import span
 from .config import RuntimeArgs
 from .validation import ConfigTypeError
 
-__all__ = ["ReloadError", "ReloadMixin", "RELOAD_POLICIES"]
+__all__ = ["PreparedReload", "ReloadError", "ReloadMixin", "RELOAD_POLICIES"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,17 @@ RELOAD_POLICIES = ("swap", "release_first")
 
 class ReloadError(RuntimeError):
     """A reload failed; the cause is chained and the worker state is described in the message."""
+
+
+@dataclass(frozen=True)
+class PreparedReload:
+    """A state built aside by `ReloadMixin.prepare_reload`: not serving until committed."""
+
+    args: RuntimeArgs
+    policy: str
+    state: Any
+    generation: int  # the worker's generation it was prepared against
+    start: float  # perf_counter at the start of the prepare
 
 
 class ReloadMixin:
@@ -55,36 +67,71 @@ class ReloadMixin:
         ``release_first``: release the old graphs, gc + empty the CUDA cache, then build (lower
         peak memory); on failure the old configuration keeps serving eager until a later reload
         succeeds. Graphs are captured when the old state had some (same backend) or ``backend``
-        is given.
+        is given. Equivalent to `prepare_reload` then `commit_reload` under one lock hold.
         """
         self._check_reload(new_args, policy)
         with self._lock, span("reload", policy=policy):
-            old = self._state
-            if backend is None and old.graphs is not None:
-                backend = old.graphs.backend_name
-            start = time.perf_counter()
-            if policy == "release_first":
-                old.release()
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            try:
-                new = self._new_state(new_args.speculative, None, args=new_args,
-                                      generation=self._generation + 1)
-                if backend is not None:
-                    self._capture_into(new, backend)
-            except Exception as exc:
-                self.counters.failed_reloads += 1
-                self._record_reload(policy, start, ok=False, error=repr(exc))
-                serving = "the old state keeps serving" + (
-                    " eager (its graphs were released first)" if policy == "release_first" else "")
-                raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
-                                  f"{exc}") from exc
-            self._args, self._generation, self._state = new_args, self._generation + 1, new
+            self._commit(self._prepare(new_args, policy, backend))
+
+    def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
+                       backend: str | None = None) -> PreparedReload:
+        """Phase one of a two-phase reload (several ranks): build and capture the new state
+        aside; the active state keeps serving (``release_first`` releases its graphs first).
+        Raises ReloadError like `reload`. Finish with `commit_reload` or `discard_reload`."""
+        self._check_reload(new_args, policy)
+        with self._lock, span("reload_prepare", policy=policy):
+            return self._prepare(new_args, policy, backend)
+
+    def commit_reload(self, prepared: PreparedReload) -> None:
+        """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
+
+        Raises ReloadError (nothing changes) when the worker was reloaded since the prepare."""
+        with self._lock, span("reload_commit", policy=prepared.policy):
+            self._commit(prepared)
+
+    def discard_reload(self, prepared: PreparedReload, reason: str) -> None:
+        """Phase two when the ranks did not agree: release the prepared state, record ``reason``."""
+        with self._lock:
+            prepared.state.release()
+            self.counters.failed_reloads += 1
+            self._record_reload(prepared.policy, prepared.start, ok=False, error=reason)
+
+    def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None) -> PreparedReload:
+        """Build (and capture) the new state; the caller holds the lock and checked the args."""
+        old = self._state
+        if backend is None and old.graphs is not None:
+            backend = old.graphs.backend_name
+        start = time.perf_counter()
+        if policy == "release_first":
             old.release()
-            self.counters.reloads += 1
-            self._record_reload(policy, start, ok=True, error=None, state=new)
-        logger.info("reloaded to %s (%s) in %.3f s", new_args.speculative, policy,
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        try:
+            new = self._new_state(new_args.speculative, None, args=new_args,
+                                  generation=self._generation + 1)
+            if backend is not None:
+                self._capture_into(new, backend)
+        except Exception as exc:
+            self.counters.failed_reloads += 1
+            self._record_reload(policy, start, ok=False, error=repr(exc))
+            serving = "the old state keeps serving" + (
+                " eager (its graphs were released first)" if policy == "release_first" else "")
+            raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
+                              f"{exc}") from exc
+        return PreparedReload(new_args, policy, new, self._generation, start)
+
+    def _commit(self, prepared: PreparedReload) -> None:
+        """Swap in a prepared state; the caller holds the lock."""
+        if prepared.generation != self._generation:
+            raise ReloadError(f"prepared reload to {prepared.args.speculative} is stale: prepared at "
+                              f"generation {prepared.generation}, the worker is at {self._generation}")
+        old = self._state
+        self._args, self._generation, self._state = prepared.args, self._generation + 1, prepared.state
+        old.release()
+        self.counters.reloads += 1
+        self._record_reload(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
+        logger.info("reloaded to %s (%s) in %.3f s", prepared.args.speculative, prepared.policy,
                     self.reload_history[-1]["seconds"])
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:

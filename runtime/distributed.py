@@ -1,0 +1,369 @@
+"""Several ranks (tensor parallel): reloads and adaptive switches that every rank takes at the same step.
+
+Each rank runs its own draft worker and graphs, and the draft step holds collectives, so every
+rank must replay the same state at every step. A `RankCoordinator` wraps one rank's worker:
+
+- `propose_reload` may be called on any rank (also from a signal handler: it only records);
+- `step()` is called by every rank's serving loop at each step boundary and returns the
+  generation now serving. Every ``poll_every`` steps it polls: rank 0 (the leader) publishes
+  its word for the round (its adaptive choice, and a reload when a proposal is pending); the
+  others read it. Between polls no communication happens at all.
+- A reload is two-phase: every rank validates, builds and captures the new state aside
+  (`prepare_reload`) and votes; the leader decides (all ready: commit; else abort naming the
+  failing or missing ranks) and every rank follows that one decision in the same `step()`
+  call: all swap, or all keep the old state and log why. No rank serves a generation the
+  others do not.
+- Zero-collective mode for engines that already broadcast per-step metadata: the leader calls
+  `stamp()` and sends the two ints with its own broadcast; every rank (the leader too) then
+  calls `apply(stamp)` instead of `step()`.
+
+Everything travels through the process group's c10d store (see `rank_protocol` for why not
+collectives); every wait is bounded by ``timeout_s`` and a timeout names the missing rank.
+Serving loop, on every rank::
+
+    coordinator = RankCoordinator(worker)            # start-up agreement, raises on mismatch
+    while serving:
+        generation = coordinator.step()              # the generation this step serves
+        s = controller.step(accepted)                # optional: AdaptiveStepController(coordinator=...)
+        out = worker.draft_forward(batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import RuntimeArgs
+from .rank_protocol import RankProtocol, RankTimeout
+from .reload import RELOAD_POLICIES, ReloadError
+from .validation import ConfigTypeError, require_positive_int
+
+__all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankMismatchError",
+           "RankTimeout", "startup_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+_STORE_ERRORS = (RuntimeError, dist.DistError)  # DistStoreError and socket errors of a dead store
+
+
+class ProposalRejected(ValueError):
+    """A reload proposal was refused: another one is waiting or in flight."""
+
+
+class RankMismatchError(ValueError):
+    """Ranks disagree at start-up (spec, topology, capture sizes, backend ...)."""
+
+
+@dataclass
+class CoordinatorStats:
+    """What the coordinator did and cost (seconds are wall time on this rank)."""
+
+    steps: int = 0
+    polls: int = 0
+    poll_s: float = 0.0
+    reloads: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    faults: int = 0
+    reload_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
+    """What must be equal on every rank: worker type, args (device index aside), active spec,
+    capture sizes, graph backend, hidden size and the poll period."""
+    args = worker.args
+    out = {"worker": type(worker).__name__, "poll_every": str(poll_every)}
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        out[f"args.{f.name}"] = torch.device(value).type if f.name == "device" else repr(value)
+    state = worker.state
+    out["spec"] = repr(state.spec)
+    out["capture_sizes"] = repr(tuple(state.capture_sizes))
+    out["backend"] = state.graphs.backend_name if state.graphs is not None else "none"
+    out["hidden_size"] = repr(getattr(worker, "hidden_size", None))
+    return out
+
+
+def _mismatches(prints: list[dict[str, str]]) -> list[str]:
+    """One line per differing field: which ranks hold which value."""
+    lines = []
+    for key in sorted({k for p in prints for k in p}):
+        by_value: dict[str, list[int]] = {}
+        for rank, p in enumerate(prints):
+            by_value.setdefault(p.get(key, "<missing>"), []).append(rank)
+        if len(by_value) > 1:
+            parts = "; ".join(f"rank {', '.join(map(str, ranks))} = {value}"
+                              for value, ranks in by_value.items())
+            lines.append(f"{key}: {parts}")
+    return lines
+
+
+class RankCoordinator:
+    """Keeps one rank's worker in step with the other ranks of ``group`` (default: the world).
+
+    ``poll_every``: steps between polls (must match on every rank); ``timeout_s``: the longest
+    any rank waits for another (a reload's build and capture must fit in it). ``store``: the
+    c10d store to talk through (default: the default process group's); ``name`` separates
+    several coordinators of one group. Construction is collective: every rank of the group must
+    build its coordinator, in the same order; ranks that disagree raise RankMismatchError on
+    every rank, a rank that does not arrive raises RankTimeout naming it.
+    """
+
+    def __init__(self, worker: Any, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
+                 *, store: Any = None, name: str = "draft") -> None:
+        self.poll_every = require_positive_int("poll_every", poll_every)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r}: must be a number > 0 (seconds)")
+        for method in ("prepare_reload", "commit_reload", "discard_reload"):
+            if not callable(getattr(worker, method, None)):
+                raise ConfigTypeError(f"worker={type(worker).__name__}: needs {method} (a draft worker)")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
+                               "(draftgraph.runtime.rank_launch.spawn_ranks does it for CPU processes)")
+        self.worker = worker
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise ValueError(f"group={group!r}: this process (global rank {dist.get_rank()}) is not in it")
+        base = store if store is not None else dist.distributed_c10d._get_default_store()
+        tag = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+        instance = base.add(f"draftgraph/{name}/{tag}/count/{self.rank}", 1)
+        self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{instance}/", self.rank,
+                                   self.world_size, self.timeout_s)
+        self.stats = CoordinatorStats()
+        self.history: deque[dict[str, Any]] = deque(maxlen=64)
+        self.last_error: str | None = None
+        self._local: deque[tuple[RuntimeArgs, str]] = deque()  # appended by propose_reload
+        self._mode: str | None = None
+        self._choice: int | None = None  # the agreed adaptive choice
+        self._leader_choice = 0  # leader: the choice it will publish at the next poll
+        self._announced = 0  # leader: reload number announced by stamp(), not yet applied
+        self._reload_n = 0  # leader: reloads announced so far
+        self._agree_at_startup()
+
+    @property
+    def is_leader(self) -> bool:
+        """True on group rank 0, whose word every rank follows."""
+        return self.rank == 0
+
+    @property
+    def generation(self) -> int:
+        """The generation the worker serves (equal on every rank at equal step counts)."""
+        return self.worker.state.generation
+
+    def _agree_at_startup(self) -> None:
+        prints = self._proto.exchange("hello", startup_fingerprint(self.worker, self.poll_every))
+        lines = _mismatches(prints)
+        if lines:
+            raise RankMismatchError("ranks disagree at start-up (fix the configuration of the ranks "
+                                    "named):\n  " + "\n  ".join(lines))
+
+    # ---- proposals ---------------------------------------------------------------------------
+    def propose_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
+        """Ask every rank to reload to ``new_args`` at the next poll (safe in a signal handler).
+
+        Raises ProposalRejected when this rank's previous proposal has not been published yet;
+        a proposal that collides with another rank's at the poll is rejected there: logged, in
+        ``history`` and ``last_error`` on its proposer. The outcome is in ``history``."""
+        if not isinstance(new_args, RuntimeArgs):
+            raise ConfigTypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
+        if policy not in RELOAD_POLICIES:
+            raise ValueError(f"policy={policy!r}: must be one of {list(RELOAD_POLICIES)}")
+        if self._local:
+            raise ProposalRejected(f"rank {self.rank}: a proposal ({self._local[0][0].speculative}) is "
+                                   f"already waiting for the next poll; one proposal at a time")
+        self._local.append((new_args, policy))
+
+    def _publish_local(self) -> None:
+        """Put this rank's waiting proposal into the shared slot, or reject it if the slot is held."""
+        if not self._local:
+            return
+        args, policy = self._local.popleft()
+        try:
+            holder = self._proto.offer((self.rank, args, policy))
+        except _STORE_ERRORS as exc:
+            self._fault(f"could not publish the reload proposal to {args.speculative}: {exc}")
+            return
+        if holder is not None:
+            msg = (f"reload proposal from rank {self.rank} ({args.speculative}, {policy}) rejected: "
+                   f"rank {holder[0]}'s proposal ({holder[1].speculative}) is in flight; propose "
+                   f"again after it completes")
+            logger.error(msg)
+            self.last_error = msg
+            self.stats.rejected += 1
+            self.history.append({"event": "rejected", "proposer": self.rank, "ok": False, "error": msg,
+                                 "spec": str(args.speculative), "step": self.stats.steps})
+
+    def _leader_take(self) -> int:
+        """Leader: a pending proposal becomes reload number n (returned), else 0."""
+        payload = self._proto.take()
+        if payload is None:
+            return 0
+        self._reload_n += 1
+        self._proto.post_reload(self._reload_n, payload)
+        return self._reload_n
+
+    # ---- poll mode -----------------------------------------------------------------------------
+    def step(self) -> int:
+        """Call at every step boundary on every rank; returns the generation this step serves.
+
+        Every ``poll_every``-th call (the first included) polls; a reload agreed there is built,
+        voted and swapped inside this call, on every rank."""
+        if self._mode != "poll":
+            self._enter("poll")
+        t = self.stats.steps
+        self.stats.steps = t + 1
+        if t % self.poll_every:
+            return self.worker.state.generation
+        start = time.perf_counter()
+        self._publish_local()
+        try:
+            if self.is_leader:
+                n = self._leader_take()
+                choice = self._leader_choice
+                self._proto.publish_round(t // self.poll_every, choice, n)
+            else:
+                choice, n = self._proto.read_round(t // self.poll_every)
+        except _STORE_ERRORS as exc:
+            self._fault(f"poll at step {t} failed: {exc}")
+            return self.worker.state.generation
+        self.stats.polls += 1
+        self.stats.poll_s += time.perf_counter() - start
+        self._follow(choice, n)
+        return self.worker.state.generation
+
+    def _enter(self, mode: str) -> None:
+        if self._mode is not None:
+            other = "step()" if self._mode == "poll" else "stamp()/apply()"
+            raise RuntimeError(f"coordinator of rank {self.rank} runs in {self._mode} mode ({other}); "
+                               f"do not mix step() with stamp()/apply()")
+        self._mode = mode
+
+    def _follow(self, choice: int, reload_n: int) -> None:
+        """Take the leader's word: its adaptive choice, and reload number ``reload_n`` if any."""
+        if choice > 0:
+            self._choice = choice
+        if reload_n:
+            self._run_reload(reload_n)
+
+    # ---- zero-collective mode ----------------------------------------------------------------
+    def stamp(self) -> tuple[int, int]:
+        """Leader, once per step: (adaptive choice or 0, reload number or 0) to send to every rank
+        with the engine's own per-step broadcast; then every rank calls `apply` with it.
+
+        Costs no communication, except one store read every ``poll_every`` steps (a look at the
+        proposal slot) and the reload itself when there is one."""
+        if not self.is_leader:
+            raise RuntimeError(f"stamp() on rank {self.rank}: only rank 0 (the leader) stamps")
+        if self._mode != "stamp":
+            self._enter("stamp")
+        t = self.stats.steps
+        if t % self.poll_every == 0 and not self._announced:
+            start = time.perf_counter()
+            self._publish_local()
+            try:
+                self._announced = self._leader_take()
+            except _STORE_ERRORS as exc:
+                self._fault(f"proposal check at step {t} failed: {exc}")
+            self.stats.polls += 1
+            self.stats.poll_s += time.perf_counter() - start
+        return (self._leader_choice, self._announced)
+
+    def apply(self, stamp: tuple[int, int]) -> int:
+        """Every rank (the leader too), once per step: follow the leader's stamp; returns the
+        generation this step serves."""
+        if self._mode != "stamp":
+            self._enter("stamp")
+        if (not isinstance(stamp, (tuple, list)) or len(stamp) != 2
+                or not all(isinstance(v, int) and v >= 0 for v in stamp)):
+            raise ValueError(f"stamp={stamp!r}: must be the (choice, reload) pair of two ints >= 0 "
+                             f"that the leader's stamp() returned")
+        self.stats.steps += 1
+        if self._local and not self.is_leader:
+            self._publish_local()  # the leader finds it at its next proposal check
+        if self.is_leader:
+            self._announced = 0
+        self._follow(int(stamp[0]), int(stamp[1]))
+        return self.worker.state.generation
+
+    # ---- adaptive switching --------------------------------------------------------------------
+    def shared_choice(self, local: int, initial: int) -> int:
+        """The adaptive choice every rank serves: the leader's, as of the latest poll.
+
+        ``local`` is this rank's own pick (only the leader's is used, published at the next
+        poll); ``initial`` is served until the leader's first word (equal on every rank)."""
+        if self._choice is None:
+            self._choice = initial
+        if self.is_leader:
+            self._leader_choice = local
+        return self._choice
+
+    # ---- the two-phase reload ------------------------------------------------------------------
+    def _run_reload(self, n: int) -> None:
+        """Prepare, vote, follow the one decision: every rank swaps or every rank keeps the old state."""
+        start = time.perf_counter()
+        proposer, args, policy, prepared, error = -1, None, "swap", None, None
+        try:
+            proposer, args, policy = self._proto.read_reload(n)
+            prepared = self.worker.prepare_reload(args, policy)
+        except (ReloadError, TypeError, ValueError, RankTimeout) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        prepare_s = time.perf_counter() - start
+        try:
+            self._proto.vote(n, error)
+            if self.is_leader:
+                votes, missing = self._proto.collect_votes(n)
+                reason = self._proto.decide(n, _abort_reason(votes, missing, self.timeout_s, n))
+                self._proto.release()
+            else:
+                reason = self._proto.await_decision(n)
+        except _STORE_ERRORS as exc:
+            reason = f"rank {self.rank} lost the store during reload {n}: {exc}"
+            self._fault(reason)
+        spec = getattr(args, "speculative", None)
+        if reason is None and prepared is not None:
+            self.worker.commit_reload(prepared)
+            self.stats.reloads += 1
+            logger.info("reload %d (proposed by rank %d) to %s committed on every rank; generation %d",
+                        n, proposer, spec, self.generation)
+        else:
+            reason = reason or f"rank {self.rank} has no prepared state for reload {n}"
+            if prepared is not None:
+                self.worker.discard_reload(prepared, reason)
+            self.stats.aborted += 1
+            self.last_error = f"reload {n} (proposed by rank {proposer}, {spec}) aborted: {reason}"
+            logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
+        seconds = time.perf_counter() - start
+        self.stats.reload_s += seconds
+        self.history.append({"event": "reload", "reload": n, "proposer": proposer, "spec": str(spec),
+                             "policy": policy, "ok": reason is None, "error": reason,
+                             "step": self.stats.steps - 1, "prepare_s": prepare_s, "seconds": seconds,
+                             "generation": self.generation})
+
+    def _fault(self, message: str) -> None:
+        """A peer or the store did not answer: log, count, keep serving the current state."""
+        self.stats.faults += 1
+        self.last_error = message
+        logger.error("rank %d: %s; generation %d keeps serving", self.rank, message, self.generation)
+
+
+def _abort_reason(votes: dict[int, str | None], missing: tuple[int, ...], timeout_s: float,
+                  n: int) -> str | None:
+    """None when every rank is ready, else which ranks failed (with their errors) or are missing."""
+    parts = [f"rank {r} failed: {err}" for r, err in sorted(votes.items()) if err is not None]
+    if missing:
+        parts.append(f"rank {', '.join(map(str, missing))} did not vote on reload {n} "
+                     f"within {timeout_s:g} s")
+    return "; ".join(parts) or None

@@ -1,0 +1,183 @@
+"""Agreement among ranks over a c10d Store: rounds, one proposal slot, votes and one decision.
+
+Why a store and not collectives (measured with torch 2.14.1 gloo on this machine): a gloo
+collective that times out closes its connections ("Application timeout caused pair closure"),
+so the group is unusable afterwards, and the error does not say which rank is missing. A store
+operation that times out leaves the connection usable, the missing keys name the missing ranks,
+and ``compare_set`` gives a decision that every rank, even a late one, reads the same. The
+engine's process group never carries coordinator traffic, whatever its backend (NCCL or gloo).
+
+Keys (under one namespace per coordinator): ``round/<r>`` the leader's word for poll round r;
+``proposal`` the single proposal slot (``-`` when free); ``reload/<n>`` the n-th reload's
+(proposer, args, policy); ``vote/<n>/<rank>``; ``decision/<n>``; ``hello/<rank>`` at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["RankProtocol", "RankTimeout", "open_store", "FREE", "COMMIT"]
+
+logger = logging.getLogger(__name__)
+
+FREE = b"-"  # the proposal slot holds no proposal
+COMMIT = b"commit"
+_ABORT = b"abort:"
+_ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
+
+
+class RankTimeout(RuntimeError):
+    """Some ranks did not arrive within the timeout; ``missing`` lists them (group ranks)."""
+
+    def __init__(self, message: str, missing: Sequence[int]) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+def open_store(store: Any, namespace: str, timeout_s: float) -> tuple[Any, bool]:
+    """(PrefixStore under ``namespace``, dedicated): blocking reads time out after ``timeout_s``.
+
+    For a TCPStore (the default of ``init_process_group``) this opens a dedicated client
+    connection with that timeout, so a read is one round trip and the process group's own store
+    keeps its settings; other stores are wrapped as they are (reads then wait explicitly).
+    """
+    tcp = store
+    while isinstance(tcp, dist.PrefixStore):
+        tcp = tcp.underlying_store
+    if isinstance(tcp, dist.TCPStore):
+        client = dist.TCPStore(tcp.host, tcp.port, None, False, timeout=timedelta(seconds=timeout_s),
+                               wait_for_workers=False)
+        return dist.PrefixStore(namespace, client), True
+    return dist.PrefixStore(namespace, store), False
+
+
+class RankProtocol:
+    """The store side of `RankCoordinator`: rank 0 of the group is the leader.
+
+    Every blocking read is bounded by ``timeout_s`` and raises RankTimeout naming the ranks whose
+    keys are missing; nothing here ever waits without a bound.
+    """
+
+    def __init__(self, store: Any, namespace: str, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._store, self._dedicated = open_store(store, namespace, timeout_s)
+        if rank == 0:
+            self._store.set("proposal", FREE)
+
+    @property
+    def is_leader(self) -> bool:
+        """True on group rank 0, which decides."""
+        return self.rank == 0
+
+    # ---- bounded reads -----------------------------------------------------------------------
+    def _wait(self, keys: dict[int, str], what: str) -> None:
+        """Wait for every key ({rank: key}); RankTimeout names the ranks whose key is missing."""
+        try:
+            self._store.wait(list(keys.values()), timedelta(seconds=self.timeout_s))
+        except (RuntimeError, dist.DistError) as exc:
+            missing = [r for r, k in keys.items() if not self._store.check([k])]
+            if not missing:  # arrived just after the deadline
+                return
+            names = ", ".join(str(r) for r in missing)
+            raise RankTimeout(f"rank {names} did not {what} within {self.timeout_s:g} s", missing) from exc
+
+    def _get(self, key: str, owner: int, what: str) -> bytes:
+        """The value of ``key`` written by rank ``owner``, waiting at most timeout_s."""
+        if not self._dedicated:
+            self._wait({owner: key}, what)
+        try:
+            return self._store.get(key)
+        except (RuntimeError, dist.DistError) as exc:
+            raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
+
+    # ---- rounds (poll mode) ------------------------------------------------------------------
+    def publish_round(self, r: int, choice: int, reload_n: int) -> None:
+        """Leader: round r's word (adaptive choice, reload number or 0); drops an old round."""
+        self._store.set(f"round/{r}", f"{choice},{reload_n}")
+        if r >= _ROUND_WINDOW:
+            self._store.delete_key(f"round/{r - _ROUND_WINDOW}")
+
+    def read_round(self, r: int) -> tuple[int, int]:
+        """Non-leader: (choice, reload number) of round r."""
+        raw = self._get(f"round/{r}", 0, f"publish poll round {r}")
+        choice, reload_n = raw.split(b",")
+        return int(choice), int(reload_n)
+
+    # ---- the proposal slot ---------------------------------------------------------------------
+    def offer(self, proposal: tuple[int, Any, str]) -> tuple[int, Any, str] | None:
+        """Put (rank, args, policy) into the free slot; returns None, or the proposal holding it."""
+        payload = pickle.dumps(proposal)
+        now = self._store.compare_set("proposal", FREE, payload)
+        return None if now == payload else pickle.loads(now)
+
+    def take(self) -> bytes | None:
+        """Leader: the pending proposal's payload, or None (the slot stays held until `release`)."""
+        raw = self._store.get("proposal")
+        return None if raw == FREE else raw
+
+    def release(self) -> None:
+        """Leader: free the proposal slot after a decision."""
+        self._store.set("proposal", FREE)
+
+    def post_reload(self, n: int, payload: bytes) -> None:
+        """Leader: make the proposal reload number n."""
+        self._store.set(f"reload/{n}", payload)
+
+    def read_reload(self, n: int) -> tuple[int, Any, str]:
+        """(proposer rank, args, policy) of reload n."""
+        return pickle.loads(self._get(f"reload/{n}", 0, f"post reload {n}"))
+
+    # ---- votes and the decision ----------------------------------------------------------------
+    def vote(self, n: int, error: str | None) -> None:
+        """This rank's vote on reload n: None = ready to swap, else why not."""
+        self._store.set(f"vote/{n}/{self.rank}", b"ok" if error is None else b"fail:" + error.encode())
+
+    def collect_votes(self, n: int) -> tuple[dict[int, str | None], tuple[int, ...]]:
+        """Leader: ({rank: error or None}, missing ranks) after waiting at most timeout_s."""
+        keys = {r: f"vote/{n}/{r}" for r in range(self.world_size)}
+        missing: tuple[int, ...] = ()
+        try:
+            self._wait(keys, f"vote on reload {n}")
+        except RankTimeout as exc:
+            missing = exc.missing
+        votes = {}
+        for r, key in keys.items():
+            if r in missing:
+                continue
+            raw = self._store.get(key)
+            votes[r] = None if raw == b"ok" else raw[len(b"fail:"):].decode(errors="replace")
+        for key in keys.values():
+            self._store.delete_key(key)
+        return votes, missing
+
+    def decide(self, n: int, reason: str | None) -> str | None:
+        """Set reload n's decision unless one is set: None = commit, else the abort reason.
+
+        Returns the decision in force (first writer wins, so every rank follows the same one)."""
+        want = COMMIT if reason is None else _ABORT + reason.encode()
+        now = self._store.compare_set(f"decision/{n}", b"", want)
+        return None if now == COMMIT else now[len(_ABORT):].decode(errors="replace")
+
+    def await_decision(self, n: int) -> str | None:
+        """Non-leader: the leader's decision on reload n; past the timeout, abort it ourselves."""
+        try:
+            raw = self._get(f"decision/{n}", 0, f"decide reload {n}")
+        except RankTimeout as exc:
+            return self.decide(n, str(exc))
+        return None if raw == COMMIT else raw[len(_ABORT):].decode(errors="replace")
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def exchange(self, tag: str, value: Any) -> list[Any]:
+        """Every rank's ``value`` (index = rank); RankTimeout names the ranks that did not arrive."""
+        self._store.set(f"{tag}/{self.rank}", pickle.dumps(value))
+        keys = {r: f"{tag}/{r}" for r in range(self.world_size)}
+        self._wait(keys, f"arrive at {tag}")
+        return [pickle.loads(self._store.get(k)) for k in keys.values()]
