@@ -184,44 +184,12 @@ class RuntimeArgs:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_sglang(cls, server_args: Any) -> RuntimeArgs:
-        """Read an SGLang-style server_args object by attribute (newer or older layouts)."""
-        spec = SpeculativeConfig(
-            num_steps=server_args.speculative_num_steps,
-            topk=server_args.speculative_eagle_topk,
-            num_draft_tokens=getattr(server_args, "speculative_num_draft_tokens", None),
-        )
-        return cls(
-            speculative=spec,
-            cuda_graph_config=_graph_config_from(server_args),
-            max_running_requests=getattr(server_args, "max_running_requests", None),
-            device=getattr(server_args, "device", None) or "cpu",
-        )
+    def from_sglang(cls, server_args: Any = None) -> RuntimeArgs:
+        """SGLang's configuration as SGLang's workers see it: the published runtime context, a
+        resolved ServerArgs, or plain attributes (see `sglang_config.runtime_args_from_sglang`)."""
+        from .sglang_config import runtime_args_from_sglang  # it imports this module
 
-
-def _graph_config_from(server_args: Any) -> CudaGraphConfig | None:
-    """CudaGraphConfig from ``cuda_graph_config.decode`` or the older flat cuda_graph_* fields."""
-    cfg = getattr(server_args, "cuda_graph_config", None)
-    if cfg is not None:
-        decode = getattr(cfg, "decode", None)
-        if decode is None:
-            return CudaGraphConfig()
-        bs = getattr(decode, "bs", None)
-        return CudaGraphConfig(
-            PhaseGraphConfig(
-                max_bs=getattr(decode, "max_bs", None),
-                bs=tuple(bs) if bs is not None else None,
-                disabled=bool(getattr(decode, "disabled", False)),
-            )
-        )
-    max_bs = getattr(server_args, "cuda_graph_max_bs", None)
-    bs = getattr(server_args, "cuda_graph_bs", None)
-    disabled = bool(getattr(server_args, "disable_cuda_graph", False))
-    if max_bs is None and bs is None and not disabled:
-        return None
-    return CudaGraphConfig(
-        PhaseGraphConfig(max_bs=max_bs, bs=tuple(bs) if bs is not None else None, disabled=disabled)
-    )
+        return runtime_args_from_sglang(server_args)
 
 
 def chain_capacity(args: RuntimeArgs) -> int:
