@@ -1,7 +1,9 @@
 """RuntimeArgs from a JSON or TOML file, and a reload-on-signal hook for servers.
 
-File layout = RuntimeArgs' fields:
-    {"speculative": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+File layout = RuntimeArgs' fields (``tree_choices``: a list of paths such as [[0], [1], [0, 0]]
+makes the draft tree static; TOML writes it the same way):
+    {"speculative": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4,
+                     "tree_choices": null},
      "cuda_graph_config": {"decode": {"max_bs": 32, "bs": null, "disabled": false}},
      "max_running_requests": 64, "device": "cpu"}
 """
@@ -24,7 +26,7 @@ __all__ = ["load_runtime_args", "runtime_args_from_dict", "install_reload_signal
 logger = logging.getLogger(__name__)
 
 _TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device")
-_SPEC = ("num_steps", "topk", "num_draft_tokens")
+_SPEC = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
 _PHASE = ("max_bs", "bs", "disabled")
 
 

@@ -7,11 +7,13 @@ engine can hand its own object to `RuntimeArgs.from_sglang`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
 from .validation import (
     ConfigTypeError,
     require_int,
@@ -38,12 +40,17 @@ def max_tree_candidates(num_steps: int, topk: int) -> int:
 class SpeculativeConfig:
     """Draft shape: S = num_steps, k = topk, N = num_draft_tokens (verify width incl. the root).
 
-    N defaults to S + 1 when topk == 1 (a chain); it is required for a tree (topk > 1).
+    N defaults to S + 1 when topk == 1 (a chain); it is required for a dynamic tree (topk > 1).
+    ``tree_choices`` (paths of child ranks, see `check_tree_choices`) makes the tree static; it
+    is stored sorted by (depth, path) and N is derived from it. A chain (topk == 1) is the static
+    tree ((0,), (0, 0), ..), its only valid tree: both spellings give one config (equal, with
+    tree_choices None).
     """
 
     num_steps: int
     topk: int
     num_draft_tokens: int | None = None
+    tree_choices: Choices | None = None
 
     def __post_init__(self) -> None:
         s = require_int("num_steps", self.num_steps)
@@ -53,6 +60,13 @@ class SpeculativeConfig:
         if k < 1:
             raise ValueError(f"topk={k!r}: must be >= 1")
         n = self.num_draft_tokens
+        if self.tree_choices is not None:
+            if n is not None:
+                require_int("num_draft_tokens", n)
+            choices = check_tree_choices(self.tree_choices, s, k, n)
+            object.__setattr__(self, "num_draft_tokens", len(choices) + 1)
+            object.__setattr__(self, "tree_choices", None if k == 1 else choices)
+            return
         if n is None:
             if k != 1:
                 raise ValueError(
@@ -82,12 +96,39 @@ class SpeculativeConfig:
         return self.topk == 1
 
     @property
-    def key(self) -> tuple[int, int, int]:
-        """Hashable (S, k, N) identity of the draft shape."""
-        return (self.num_steps, self.topk, self.num_draft_tokens)
+    def is_static(self) -> bool:
+        """True when the topology is a constant of the config: a chain or tree_choices."""
+        return self.topk == 1 or self.tree_choices is not None
+
+    @functools.cached_property
+    def topology(self) -> StaticTopology | None:
+        """The static topology (the chain for topk == 1); None for a dynamic tree."""
+        if self.tree_choices is not None:
+            return StaticTopology(self.tree_choices)
+        return StaticTopology(chain_choices(self.num_steps)) if self.topk == 1 else None
+
+    @property
+    def layout_topk(self) -> int:
+        """The topk `build_tree` decodes this config's draft outputs with: 1 for a static
+        layout (chain or static tree, DESIGN.md §8), topk for a dynamic tree."""
+        return 1 if self.is_static else self.topk
+
+    @property
+    def key(self) -> tuple[int, int, int, Choices | None]:
+        """Hashable (S, k, N, tree_choices) identity of the draft shape."""
+        return (self.num_steps, self.topk, self.num_draft_tokens, self.tree_choices)
 
     def with_steps(self, num_steps: int, num_draft_tokens: int | None = None) -> SpeculativeConfig:
-        """A copy with other S (and N; for a chain N follows S when not given)."""
+        """A copy with other S (and N; for a chain N follows S when not given).
+
+        A static tree's depth is fixed by its tree_choices: changing it raises ValueError."""
+        if self.tree_choices is not None and num_steps != self.num_steps:
+            raise ValueError(
+                f"num_steps={num_steps!r}: a static tree's depth is set by its tree_choices "
+                f"(depth {self.num_steps}); build a config with new tree_choices instead"
+            )
+        if self.tree_choices is not None:
+            return self
         if num_draft_tokens is None and self.topk != 1:
             num_draft_tokens = self.num_draft_tokens
         return SpeculativeConfig(num_steps, self.topk, num_draft_tokens)

@@ -2,8 +2,10 @@
 
 The whole step (every forward, the per-step top-k and the organize) is one capturable
 function of (topk_p, topk_index, hidden_states): no host reads, no value-dependent shapes.
-For a chain (topk == 1) the step returns views of the state's chain buffers, so inside a
-captured graph the organize stage adds no node. What must stay outside the graph: input
+Static topologies (a chain, a static tree: DESIGN.md §8) are drafted depth by depth with
+constant rows per depth, and the step returns views of the state's topology buffers, so
+inside a captured graph the organize stage adds no node; dynamic trees (topk > 1 without
+tree_choices) take the general select/organize path. What must stay outside the graph: input
 validation, state selection, counters and spans (they run on the host per call).
 """
 
@@ -19,6 +21,7 @@ from .config import RuntimeArgs
 from .draft_input import unpack_draft_input
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
+from .topology import Selector, TopologyBuffers
 from .validation import ConfigTypeError
 from .worker_base import EagleDraftWorkerBase, GraphStep
 
@@ -61,8 +64,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
     def draft_forward(self, draft_input: Any) -> DraftResult:
         """(parent_list [b, 1+(S-1)k], top_scores_index [b, N-1], draft_tokens [b, N-1]).
 
-        Replays the state's graph for the padded batch when one exists (outputs are views of
-        graph memory, valid until the next step), else runs the step eagerly.
+        A static topology returns the static layout: parent_list [b, N-1] (width 0 for a
+        depth-1 tree), row views of the topology buffers up to their capacity. Replays the
+        state's graph for the padded batch when one exists (outputs are views of graph memory,
+        valid until the next step), else runs the step eagerly.
         """
         if self._pending is not None:
             self._apply_pending()
@@ -95,7 +100,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         state.stats.graph_replays += 1
         state.stats.pad_rows += padded - b
         self.counters.graph_replays += 1
-        buf = state.chain_for(state.spec.num_steps)
+        buf = state.static_buffers()
         if buf is not None and padded <= buf.capacity:
             self.counters.fast_path_hits += 1
         else:
@@ -127,19 +132,22 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         """
         spec = state.spec
         b = topk_index.shape[0]
-        buf = state.chain_for(spec.num_steps)
-        if buf is not None and b <= buf.capacity:
-            tokens = self._chain_tokens(spec.num_steps, topk_index, hidden)
+        buf = state.static_buffers()
+        if buf is not None:
+            tokens = self._static_tokens(buf, topk_index, hidden)
             if not organize:
                 return tokens
+            if b > buf.capacity:  # fresh copies of the constant rows (tagged, see topology)
+                if count:
+                    self.counters.capacity_fallbacks += 1
+                    self.counters.tree_path_calls += 1
+                return (*buf.copies(b), tokens)
             if not count:
                 return (*buf.view(b), tokens)
             self.counters.fast_path_hits += 1
             with span("organize_fast", bs=b):
                 parents, score_indices = buf.view(b)
             return parents, score_indices, tokens
-        if count and buf is not None:
-            self.counters.capacity_fallbacks += 1
         lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
         if not organize:
             return torch.cat(lists[1], dim=1)
@@ -156,16 +164,35 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         p, idx = fast_topk(torch.softmax(logits, dim=-1), topk, dim=-1)
         return p, idx, hidden
 
-    def _chain_tokens(self, num_steps: int, topk_index: torch.Tensor, hidden: torch.Tensor
-                      ) -> torch.Tensor:
-        """Chain drafting without path scores (a chain selects all): tokens [b, S]."""
-        tokens = [topk_index]
-        ids = topk_index.flatten()
-        for _ in range(num_steps - 1):
-            _, idx, hidden = self._forward_topk(ids, hidden, 1)
-            tokens.append(idx)
-            ids = idx.flatten()
-        return torch.cat(tokens, dim=1) if num_steps > 1 else topk_index
+    def _static_tokens(self, buf: TopologyBuffers, topk_index: torch.Tensor, hidden: torch.Tensor
+                       ) -> torch.Tensor:
+        """Static-topology drafting, depth by depth (no path scores: the tree is fixed).
+
+        Depth 1 takes the input's top-k columns by rank; at each depth, the nodes with children
+        run one forward on (their token, their parent's hidden) and their children take the top
+        tokens of it by rank. Returns draft_tokens [b, N-1] in node order; a chain runs exactly
+        the chain's ops (slices and views only besides the forwards and the final cat).
+        """
+        b = topk_index.shape[0]
+        level = _select(topk_index, buf.first_columns)  # [b, nodes at depth 1]
+        tokens = [level]
+        if not buf.levels:
+            return level
+        ids = _select(level, buf.first_feed).flatten()
+        if buf.first_rows > 1:  # every depth-1 node's parent is the root
+            hidden = hidden.repeat_interleave(buf.first_rows, dim=0)
+        last = len(buf.levels) - 1
+        for i, (rows, k, columns, next_positions, next_rows) in enumerate(buf.levels):
+            _, idx, hidden = self._forward_topk(ids, hidden, k)  # [b*rows, k], [b*rows, H]
+            level = _select(idx.view(b, rows * k), columns)
+            tokens.append(level)
+            if i == last:
+                break
+            ids = _select(level, next_positions).flatten()
+            if next_rows is not None:  # each fed node takes its parent's hidden row
+                per_row = hidden.reshape(b, rows, -1)
+                hidden = _select(per_row, next_rows).reshape(-1, per_row.shape[-1])
+        return torch.cat(tokens, dim=1)
 
     def _tree_lists(self, num_steps: int, topk: int, topk_p: torch.Tensor,
                     topk_index: torch.Tensor, hidden: torch.Tensor
@@ -203,6 +230,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                                    count=False)
 
         return step, static, {name: 0 for name in STATIC_NAMES}
+
+
+def _select(t: torch.Tensor, selector: Selector | None) -> torch.Tensor:
+    """Entries along dim 1 of ``t``: all (None), a slice (a view), or an int64 index (one gather)."""
+    if selector is None:
+        return t
+    if isinstance(selector, slice):
+        if selector.start == 0 and selector.stop == t.shape[1]:
+            return t
+        return t[:, selector]
+    return t.index_select(1, selector)
 
 
 def _model_device(model: Any) -> torch.device | None:

@@ -1,8 +1,9 @@
 """A runtime state: one speculative configuration with the buffers and graphs it owns.
 
 A worker serves from exactly one active state; reconfiguration builds another state and swaps
-one reference, so a step always sees a complete state. A state's graphs return (chain) or read
-its own buffers; the state keeps both alive together and releases them together.
+one reference, so a step always sees a complete state. A state's graphs return (static
+topologies: the chain, a static tree) or read its own topology buffers; the state keeps both
+alive together and releases them together.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .chain import ChainBuffers
 from .config import SpeculativeConfig
+from .topology import TopologyBuffers
 
 __all__ = ["StateStats", "RuntimeState", "DraftCounters"]
 
@@ -54,17 +55,19 @@ class DraftCounters:
 
 
 class RuntimeState:
-    """(S, N, capture sizes, chain buffers, graph manager, stats) of one configuration.
+    """(S, N, capture sizes, topology buffers, graph manager, stats) of one configuration.
 
     ``graph_spec`` is the configuration the graphs were captured for: a state whose ``spec`` was
-    changed behind its back (a raw attribute write on the worker) no longer replays them.
+    changed behind its back (a raw attribute write on the worker) no longer replays them, and
+    its buffers no longer match (`static_buffers`).
     """
 
     def __init__(self, spec: SpeculativeConfig, capture_sizes: tuple[int, ...],
-                 chain_buffers: ChainBuffers | None, owner: object) -> None:
+                 topology_buffers: TopologyBuffers | None, owner: object) -> None:
         self.spec = spec
         self.capture_sizes = tuple(capture_sizes)
-        self.chain_buffers = chain_buffers
+        self.topology_buffers = topology_buffers
+        self._match: tuple[SpeculativeConfig | None, TopologyBuffers | None] = (None, None)
         self.graphs: Any = None
         self.graph_spec: SpeculativeConfig | None = None
         self.stats = StateStats()
@@ -86,12 +89,23 @@ class RuntimeState:
         """True when captured graphs exist and were captured for the current spec."""
         return self.graphs is not None and self.graph_spec == self.spec
 
-    def chain_for(self, num_steps: int) -> ChainBuffers | None:
-        """The chain buffers if they were built for ``num_steps`` (the fast-path key check)."""
-        buf = self.chain_buffers
-        if buf is None or buf.num_steps != num_steps or not self.spec.is_chain:
-            return None
-        return buf
+    @property
+    def chain_buffers(self) -> TopologyBuffers | None:
+        """The topology buffers when their topology is a chain, else None."""
+        buf = self.topology_buffers
+        return buf if buf is not None and buf.topology.is_chain else None
+
+    def static_buffers(self) -> TopologyBuffers | None:
+        """The topology buffers if they were built for the current spec's topology (the fast-path
+        key check; the verdict is cached per spec object, so a step pays one identity test)."""
+        spec, match = self._match
+        if spec is self.spec:
+            return match
+        spec = self.spec
+        buf, topo = self.topology_buffers, spec.topology
+        match = buf if buf is not None and topo is not None and buf.topology == topo else None
+        self._match = (spec, match)
+        return match
 
     def release(self) -> None:
         """Free the graphs (and their pool); the buffers go when nothing else holds them."""
@@ -105,6 +119,7 @@ class RuntimeState:
             "num_steps": self.spec.num_steps,
             "topk": self.spec.topk,
             "num_draft_tokens": self.spec.num_draft_tokens,
+            "tree_choices": self.spec.tree_choices,
             "capture_sizes": list(self.capture_sizes),
             "has_graphs": self.has_graphs,
             "stats": self.stats.as_dict(),

@@ -4,6 +4,12 @@ Node 0 of each request is the root (the verified / bonus token); node j >= 1 is 
 ``top_scores_index[:, j-1]``. Candidate c's parent slot is ``c // topk`` in parent_list; slot 0 is
 the root, any other slot holds the parent's candidate index, which is also selected (its path
 score is at least the child's) and, the indices being sorted, sits at a smaller node index.
+
+Static layouts (a chain, a static tree: DESIGN.md §8) are decoded with topk == 1. When
+parent_list and top_scores_index are the organize outputs of a topology's buffers (recognized
+by their tag, see `draftgraph.runtime.topology`), `build_tree` takes the constant route: parents,
+mask and retrieve arrays are row views of the topology's constants and only tokens (one cat)
+and positions = seq_len + depth (one add) are computed; the results equal the general route's.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .topology import static_layout_of
 
 __all__ = ["VerifyTree", "build_tree"]
 
@@ -49,7 +57,9 @@ def build_tree(
     top_scores_index / draft_tokens [b, N-1] (ascending indices), seq_lens [b].
 
     ``validate`` checks that every candidate's parent was selected (one host sync); pass False
-    inside a captured region.
+    inside a captured region. Outputs of a static topology's buffers are recognized and take
+    the constant route (``topk`` is then 1 whatever is passed: the static layout's); a static
+    layout that is not recognized must be passed with topk=1 (``SpeculativeConfig.layout_topk``).
     """
     b, m = top_scores_index.shape
     n = num_draft_tokens
@@ -62,19 +72,32 @@ def build_tree(
         raise ValueError(
             f"verified_id {tuple(verified_id.shape)} / seq_lens {tuple(seq_lens.shape)}: must be [{b}]"
         )
+    layout = static_layout_of(parent_list, top_scores_index)
+    if layout is not None and layout.num_nodes == m:
+        if b <= layout.capacity:  # row views of the constants; only tokens and positions computed
+            return _assemble(verified_id, draft_tokens, seq_lens, layout.depth, *layout.view(b))
+        topk, num_steps = 1, layout.num_steps  # copies above the capacity: the general route
     dev = top_scores_index.device
     parents = _node_parents(parent_list, top_scores_index, topk, validate)  # [b, N]
     mask = _ancestor_mask(parents, min(num_steps, n - 1))  # [b, N, N]
     depth = mask.sum(-1) - 1  # [b, N]
-    positions = (seq_lens.to(torch.long).unsqueeze(1) + depth).flatten()
     nodes = torch.arange(n, device=dev)
     next_token = _first_child(parents, nodes)
     next_sibling = _next_sibling(parents, nodes)
-    tokens = torch.cat([verified_id.to(draft_tokens.dtype).unsqueeze(1), draft_tokens], dim=1)
     retrieve_index = torch.arange(b * n, device=dev, dtype=torch.long).view(b, n)
+    return _assemble(verified_id, draft_tokens, seq_lens, depth, parents, mask, retrieve_index,
+                     next_token, next_sibling)
+
+
+def _assemble(verified_id: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: torch.Tensor,
+              depth: torch.Tensor, parents: torch.Tensor, mask: torch.Tensor,
+              retrieve_index: torch.Tensor, next_token: torch.Tensor, next_sibling: torch.Tensor
+              ) -> VerifyTree:
+    """The VerifyTree: tokens = root + drafts (one cat), positions = seq_len + depth (one add)."""
+    tokens = torch.cat([verified_id.to(draft_tokens.dtype).unsqueeze(1), draft_tokens], dim=1)
     return VerifyTree(
         tokens=tokens.flatten(),
-        positions=positions,
+        positions=(seq_lens.to(torch.long).unsqueeze(1) + depth).flatten(),
         parents=parents,
         tree_mask=mask,
         retrieve_index=retrieve_index,

@@ -1,4 +1,4 @@
-"""Draft worker base: arguments, the active RuntimeState, chain buffers, graph capture, overrides.
+"""Draft worker base: arguments, the active RuntimeState, topology buffers, graph capture, overrides.
 
 A worker serves from one active `RuntimeState`. Everything that changes the configuration
 (override, build/apply, reload) builds a complete state first and then swaps one reference, so
@@ -20,10 +20,10 @@ import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
 
-from .chain import ChainBufferCache, ChainBuffers
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .reload import ReloadMixin
 from .state import DraftCounters, RuntimeState
+from .topology import TopologyBufferCache, TopologyBuffers
 from .validation import ConfigTypeError, require_positive_int
 
 __all__ = ["EagleDraftWorkerBase", "GraphStep"]
@@ -34,7 +34,7 @@ GraphStep = tuple[Callable[..., Any], dict[str, torch.Tensor], dict[str, float |
 
 
 class EagleDraftWorkerBase(ReloadMixin):
-    """Holds the args, the active state (spec, chain buffers, graphs) and the counters.
+    """Holds the args, the active state (spec, topology buffers, graphs) and the counters.
 
     Subclasses provide ``_graph_step(state, max_size)``: the step callable over named static
     inputs, those inputs allocated at ``max_size`` rows, and their pad values.
@@ -48,7 +48,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         self._args = args
         self._generation = 0
         self._token = object()  # identifies this worker's states (an id() could be reused)
-        self._chain_cache = ChainBufferCache()
+        self._chain_cache = TopologyBufferCache()  # every static topology; the chain is one
         self._lock = threading.RLock()
         self._pending: tuple[RuntimeArgs, str] | None = None
         self.counters = DraftCounters()
@@ -88,9 +88,14 @@ class EagleDraftWorkerBase(ReloadMixin):
         return chain_capacity(self._args)
 
     @property
-    def chain_buffers(self) -> ChainBuffers | None:
-        """The active state's chain buffers (None for a tree)."""
+    def chain_buffers(self) -> TopologyBuffers | None:
+        """The active state's buffers when its topology is a chain (None otherwise)."""
         return self._state.chain_buffers
+
+    @property
+    def topology_buffers(self) -> TopologyBuffers | None:
+        """The active state's topology buffers (None for a dynamic tree)."""
+        return self._state.topology_buffers
 
     @property
     def speculative_num_steps(self) -> int:
@@ -100,7 +105,8 @@ class EagleDraftWorkerBase(ReloadMixin):
     @speculative_num_steps.setter
     def speculative_num_steps(self, value: int) -> None:
         """Raw write, as SGLang's attribute: no rebuild; the fast path and graphs then refuse the
-        stale buffers (key check) until `rebuild_chain_buffers` or an override."""
+        stale buffers (key check) until `rebuild_chain_buffers` or an override. A static tree's
+        depth is fixed by its tree_choices: ValueError."""
         self._state.spec = self._state.spec.with_steps(value)
 
     @property
@@ -109,26 +115,30 @@ class EagleDraftWorkerBase(ReloadMixin):
         return self._state.spec.num_draft_tokens
 
     # ---- buffers and states ----------------------------------------------------------------
-    def rebuild_chain_buffers(self) -> ChainBuffers | None:
-        """Give the active state the chain buffers of its current spec (same key: same tensors)."""
+    def rebuild_topology_buffers(self) -> TopologyBuffers | None:
+        """Give the active state the buffers of its current spec (same key: same tensors)."""
         st = self._state
         with span("rebuild", num_steps=st.spec.num_steps, capacity=self.chain_capacity):
-            st.chain_buffers = self._chain_for(st.spec)
+            st.topology_buffers = self._buffers_for(st.spec)
             self.counters.rebuilds += 1
-        return st.chain_buffers
+        return st.topology_buffers
 
-    def _chain_for(self, spec: SpeculativeConfig, args: RuntimeArgs | None = None) -> ChainBuffers | None:
-        """Shared chain buffers for ``spec`` under ``args`` (None for a tree)."""
-        if not spec.is_chain:
+    rebuild_chain_buffers = rebuild_topology_buffers  # SGLang's name for the chain case
+
+    def _buffers_for(self, spec: SpeculativeConfig, args: RuntimeArgs | None = None
+                     ) -> TopologyBuffers | None:
+        """Shared topology buffers for ``spec`` under ``args`` (None for a dynamic tree)."""
+        topology = spec.topology
+        if topology is None:
             return None
         args = args or self._args
-        return self._chain_cache.get(spec.num_steps, chain_capacity(args), args.device)
+        return self._chain_cache.get(topology, chain_capacity(args), args.device)
 
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
                    args: RuntimeArgs | None = None, generation: int | None = None) -> RuntimeState:
         """A complete state for ``spec`` with its buffers; graphs are captured separately."""
         args = args or self._args
-        state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._chain_for(spec, args),
+        state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._buffers_for(spec, args),
                              self._token)
         state.generation = self._generation if generation is None else generation
         return state
@@ -150,9 +160,11 @@ class EagleDraftWorkerBase(ReloadMixin):
             raise ValueError(f"capture_bs={list(sizes)!r}: must be sorted ascending and unique")
         return sizes
 
-    def _spec_for(self, num_steps: int, num_draft_tokens: int | None) -> SpeculativeConfig:
-        """Validated spec with the worker's topk."""
-        return SpeculativeConfig(num_steps, self.topk, num_draft_tokens)
+    def _spec_for(self, num_steps: int, num_draft_tokens: int | None, topk: int | None = None,
+                  tree_choices: Any = None) -> SpeculativeConfig:
+        """Validated spec; topk defaults to the active state's."""
+        return SpeculativeConfig(num_steps, self.topk if topk is None else topk, num_draft_tokens,
+                                 tree_choices)
 
     # ---- graphs ----------------------------------------------------------------------------
     def _graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
@@ -185,12 +197,14 @@ class EagleDraftWorkerBase(ReloadMixin):
     # ---- overrides and states --------------------------------------------------------------
     @contextmanager
     def override_worker_state(self, num_steps: int, num_draft_tokens: int | None = None,
-                              capture_bs: Sequence[int] | None = None) -> Iterator[RuntimeState]:
-        """Temporarily serve (S, N): validate (nothing changes on error), swap in a state with its
-        own chain buffers, yield it; on exit, also on error, restore the previous state object,
-        whose buffers and graphs are untouched. Nests. ``capture_bs=[]`` means no graphs.
+                              capture_bs: Sequence[int] | None = None, *, topk: int | None = None,
+                              tree_choices: Any = None) -> Iterator[RuntimeState]:
+        """Temporarily serve (S, N) (and ``topk`` / a static tree when given): validate (nothing
+        changes on error), swap in a state with its own topology buffers, yield it; on exit,
+        also on error, restore the previous state object, whose buffers and graphs are
+        untouched. Nests. ``capture_bs=[]`` means no graphs.
         Holds the worker's lock throughout: steps of other threads wait until it exits."""
-        spec = self._spec_for(num_steps, num_draft_tokens)
+        spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
         with self._lock:
             with span("rebuild", num_steps=spec.num_steps, capacity=self.chain_capacity):
                 temporary = self._new_state(spec, capture_bs)
@@ -203,12 +217,14 @@ class EagleDraftWorkerBase(ReloadMixin):
 
     def build_runtime_state(self, num_steps: int, num_draft_tokens: int | None = None,
                             capture_bs: Sequence[int] | None = None,
-                            backend: str = "auto") -> RuntimeState:
-        """Build and capture a state for (S, N) without disturbing the active one.
+                            backend: str = "auto", *, topk: int | None = None,
+                            tree_choices: Any = None) -> RuntimeState:
+        """Build and capture a state for (S, N) (``topk`` / ``tree_choices`` as in the override)
+        without disturbing the active one.
 
         Equivalent to capturing inside an override, except that the active state is never
         swapped, so a lock-free reader (the multi-layer fast path) cannot see the new state."""
-        spec = self._spec_for(num_steps, num_draft_tokens)
+        spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
         with self._lock:
             state = self._new_state(spec, capture_bs)
             return self._capture_into(state, backend)
