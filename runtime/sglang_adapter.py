@@ -103,7 +103,7 @@ class SGLangChainHandle:
         self.counters = DraftCounters()
         self.active: ChainSet | None = None
         self._held: dict[tuple[int, int, str], ChainSet] = {}
-        self._nan_check = _sglang_nan_check()
+        self._nan_check = _sglang_nan_check(worker)
         names = [_REBUILD] + ([_FORWARD] if _is_multi_layer(worker) else [])
         self._saved = {name: vars(worker).get(name, _MISSING) for name in names}
         self._patches = {_REBUILD: self.rebuild, _FORWARD: self.draft_forward}  # bound once
@@ -239,8 +239,13 @@ def _is_multi_layer(worker: Any) -> bool:
     )
 
 
-def _sglang_nan_check() -> Any:
-    """SGLang's ``maybe_detect_nan`` (its draft_forward calls it first), or None without SGLang."""
+def _sglang_nan_check(worker: Any) -> Any:
+    """SGLang's ``maybe_detect_nan`` (its draft_forward calls it first) for an SGLang worker, else None.
+
+    Imported only when the worker's class comes from sglang (then sglang is loaded already).
+    """
+    if not any(c.__module__.split(".", 1)[0] == "sglang" for c in type(worker).__mro__):
+        return None
     try:
         from sglang.srt.utils.async_probe import maybe_detect_nan
     except ImportError:
