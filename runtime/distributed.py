@@ -220,15 +220,18 @@ class RankCoordinator:
         """Call at every step boundary on every rank; returns the generation this step serves.
 
         Every ``poll_every``-th call (the first included) polls; a reload agreed there is built,
-        voted and swapped inside this call, on every rank."""
+        voted and swapped inside this call, on every rank. A proposal made on this rank is
+        published at its next call; with ranks in lockstep (the draft step's collectives) a
+        proposal made before step t takes effect at the first poll after t."""
         if self._mode != "poll":
             self._enter("poll")
         t = self.stats.steps
         self.stats.steps = t + 1
+        if self._local:  # publish at once: the leader finds it at its next poll
+            self._publish_local()
         if t % self.poll_every:
             return self.worker.state.generation
         start = time.perf_counter()
-        self._publish_local()
         try:
             if self.is_leader:
                 n = self._leader_take()
@@ -270,9 +273,10 @@ class RankCoordinator:
         if self._mode != "stamp":
             self._enter("stamp")
         t = self.stats.steps
+        if self._local:
+            self._publish_local()
         if t % self.poll_every == 0 and not self._announced:
             start = time.perf_counter()
-            self._publish_local()
             try:
                 self._announced = self._leader_take()
             except _STORE_ERRORS as exc:
@@ -329,6 +333,7 @@ class RankCoordinator:
                 self._proto.release()
             else:
                 reason = self._proto.await_decision(n)
+            self._proto.drop_vote(n)
         except _STORE_ERRORS as exc:
             reason = f"rank {self.rank} lost the store during reload {n}: {exc}"
             self._fault(reason)

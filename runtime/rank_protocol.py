@@ -154,9 +154,11 @@ class RankProtocol:
                 continue
             raw = self._store.get(key)
             votes[r] = None if raw == b"ok" else raw[len(b"fail:"):].decode(errors="replace")
-        for key in keys.values():
-            self._store.delete_key(key)
         return votes, missing
+
+    def drop_vote(self, n: int) -> None:
+        """Delete this rank's vote once it knows the decision (a late vote is cleaned up too)."""
+        self._store.delete_key(f"vote/{n}/{self.rank}")
 
     def decide(self, n: int, reason: str | None) -> str | None:
         """Set reload n's decision unless one is set: None = commit, else the abort reason.
@@ -167,10 +169,15 @@ class RankProtocol:
         return None if now == COMMIT else now[len(_ABORT):].decode(errors="replace")
 
     def await_decision(self, n: int) -> str | None:
-        """Non-leader: the leader's decision on reload n; past the timeout, abort it ourselves."""
+        """Non-leader: the leader's decision on reload n; past the timeout, abort it ourselves,
+        naming the ranks whose votes are missing (else the leader)."""
         try:
             raw = self._get(f"decision/{n}", 0, f"decide reload {n}")
         except RankTimeout as exc:
+            missing = [r for r in range(self.world_size) if not self._store.check([f"vote/{n}/{r}"])]
+            if missing:
+                return self.decide(n, f"rank {', '.join(map(str, missing))} did not vote on reload {n} "
+                                      f"within {self.timeout_s:g} s")
             return self.decide(n, str(exc))
         return None if raw == COMMIT else raw[len(_ABORT):].decode(errors="replace")
 

@@ -1,0 +1,333 @@
+"""Several ranks: RankCoordinator over real CPU processes (gloo on 127.0.0.1), bounded in time.
+
+One launch of three ranks runs every scenario in turn (spawning processes costs seconds on two
+busy cores); each scenario builds its own coordinators, and each test checks one scenario's
+per-rank records. A two-rank world is a subgroup (global ranks 1 and 2) of the same launch.
+The single-rank references (a fresh worker with the new args) are computed in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from draftgraph.runtime import (
+    AdaptiveStepController,
+    CudaGraphConfig,
+    EagleDraftWorker,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    TinyDraftModel,
+    make_draft_input,
+)
+from draftgraph.runtime.distributed import ProposalRejected, RankCoordinator, RankMismatchError
+from draftgraph.runtime.rank_launch import RankLaunchError, spawn_ranks
+
+WORLD = 3
+POLL = 4
+TIMEOUT_S = 2.0  # coordinator timeout in the fault scenarios
+STALL_S = 5.0  # how long the unresponsive rank stalls (> TIMEOUT_S)
+STEPS = 16
+PROPOSE_AT = 5  # first poll at or after it: step 8
+CHECK_BS = 3
+
+
+def args_for(s: int, bs: tuple[int, ...] = (1, 2, 4)) -> RuntimeArgs:
+    return RuntimeArgs(SpeculativeConfig(s, 1), CudaGraphConfig(PhaseGraphConfig(bs=bs)))
+
+
+class FaultyWorker(EagleDraftWorker):
+    """EagleDraftWorker whose next captures fail (``fault = "fail"``) or stall (``fault = seconds``)."""
+
+    fault: str | float | None = None
+
+    def _capture_into(self, state, backend):
+        if self.fault == "fail":
+            raise RuntimeError("injected capture failure")
+        if isinstance(self.fault, float):
+            time.sleep(self.fault)
+        return super()._capture_into(state, backend)
+
+
+def captured_worker(args: RuntimeArgs) -> FaultyWorker:
+    worker = FaultyWorker(args, TinyDraftModel())
+    worker.capture_graphs("trace")
+    return worker
+
+
+def serve(coordinator: RankCoordinator, worker, steps: int, propose: dict[int, RuntimeArgs] | None = None,
+          stamp_mode: bool = False, group=None) -> list[tuple[int, int]]:
+    """(generation, S) served at every step; ``propose`` maps step -> args proposed on this rank.
+
+    Each step ends with an all_reduce, as a tensor-parallel draft step would: ranks in lockstep."""
+    served = []
+    inp = make_draft_input(2, 1)
+    for t in range(steps):
+        if propose and t in propose:
+            coordinator.propose_reload(propose[t])
+        if stamp_mode:  # the engine's per-step broadcast carries the leader's stamp
+            box = [coordinator.stamp() if coordinator.is_leader else None]
+            dist.broadcast_object_list(box, src=0)
+            generation = coordinator.apply(box[0])
+        else:
+            generation = coordinator.step()
+        worker.draft_forward(inp)
+        dist.all_reduce(torch.zeros(1), group=group)
+        served.append((generation, worker.spec.num_steps))
+    return served
+
+
+def after_outputs(worker, rank: int) -> list[torch.Tensor]:
+    """Outputs of the current state for a fixed input (cloned: graph outputs are views)."""
+    out = worker.draft_forward(make_draft_input(CHECK_BS, 1, seed=10 + rank))
+    return [t.clone() for t in out]
+
+
+# ---- scenarios, run inside every rank -------------------------------------------------------
+def scenario_reload(rank, world, group=None, members=None):
+    members = members or list(range(world))
+    if rank not in members:
+        return None
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, group=group, poll_every=POLL, timeout_s=30.0, name="reload")
+    propose = {PROPOSE_AT: args_for(2)} if rank == members[-1] else None
+    served = serve(coord, worker, STEPS, propose, group=group)
+    return {"served": served, "outputs": after_outputs(worker, rank), "history": list(coord.history),
+            "graphs": worker.state.has_graphs}
+
+
+def scenario_capture_failure(rank, world):
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="fail")
+    if rank == 1:
+        worker.fault = "fail"
+    propose = {1: args_for(2)} if rank == 2 else None
+    served = serve(coord, worker, STEPS, propose)
+    return {"served": served, "history": list(coord.history), "graphs": worker.state.has_graphs}
+
+
+def scenario_mismatch(rank, world):
+    worker = FaultyWorker(args_for(3, bs=(1, 2) if rank == 2 else (1, 2, 4)), TinyDraftModel())
+    try:
+        RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="mismatch")
+    except RankMismatchError as exc:
+        return str(exc)
+    return None
+
+
+def scenario_adaptive(rank, world):
+    worker = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(4, 1)), TinyDraftModel())
+    coord = RankCoordinator(worker, poll_every=8, timeout_s=30.0, name="adaptive")
+    ctl = AdaptiveStepController(worker, [1, 2, 3, 4], alpha=0.3, coordinator=coord)
+    gen = torch.Generator().manual_seed(rank)  # every rank sees different acceptance
+    inp = make_draft_input(2, 1)
+    states, observed = [], []
+    for t in range(200):
+        coord.step()
+        level = 3.5 if (t // 50) % 2 == 0 else 0.5
+        accepted = max(0.0, level + float(torch.randn(1, generator=gen)))
+        observed.append(accepted)
+        s = ctl.step(accepted)
+        worker.draft_forward(inp)
+        states.append((s, worker.spec.num_steps))
+    return {"states": states, "observed": observed}
+
+
+def scenario_concurrent(rank, world):
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="concurrent")
+    propose = {1: args_for(2) if rank == 1 else args_for(4)} if rank in (1, 2) else None
+    served = serve(coord, worker, 12, propose)
+    try:
+        coord.propose_reload(args_for(2))
+        coord.propose_reload(args_for(2))
+        second = None
+    except ProposalRejected as exc:
+        second = str(exc)
+    return {"served": served, "history": list(coord.history), "second": second}
+
+
+def scenario_stamp(rank, world):
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="stamp")
+    propose = {PROPOSE_AT: args_for(2)} if rank == 1 else None
+    served = serve(coord, worker, STEPS, propose, stamp_mode=True)
+    return {"served": served, "outputs": after_outputs(worker, rank), "history": list(coord.history)}
+
+
+def scenario_unresponsive(rank, world):
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, poll_every=POLL, timeout_s=TIMEOUT_S, name="stall")
+    if rank == 2:
+        worker.fault = STALL_S
+    propose = {1: args_for(2)} if rank == 1 else None
+    served, durations = [], []
+    inp = make_draft_input(2, 1)
+    for t in range(STEPS):
+        if propose and t in propose:
+            coord.propose_reload(propose[t])
+        start = time.perf_counter()
+        generation = coord.step()
+        durations.append(time.perf_counter() - start)
+        worker.draft_forward(inp)
+        served.append((generation, worker.spec.num_steps))
+    return {"served": served, "history": list(coord.history), "max_step_s": max(durations),
+            "graphs": worker.state.has_graphs}
+
+
+def run_all(rank, world):
+    """Every scenario in order; an exception is recorded (the others still run)."""
+    logging.basicConfig(level=logging.WARNING)
+    subgroup = dist.new_group([1, 2])  # collective: every rank creates it
+    scenarios = {
+        "reload3": lambda: scenario_reload(rank, world),
+        "reload2": lambda: scenario_reload(rank, world, group=subgroup, members=[1, 2]),
+        "capture_failure": lambda: scenario_capture_failure(rank, world),
+        "mismatch": lambda: scenario_mismatch(rank, world),
+        "adaptive": lambda: scenario_adaptive(rank, world),
+        "concurrent": lambda: scenario_concurrent(rank, world),
+        "stamp": lambda: scenario_stamp(rank, world),
+        "unresponsive": lambda: scenario_unresponsive(rank, world),  # last: it leaves rank 2 behind
+    }
+    out = {}
+    for name, fn in scenarios.items():
+        try:
+            out[name] = ("ok", fn())
+        except Exception:
+            out[name] = ("error", traceback.format_exc())
+    return out
+
+
+# ---- tests (in the launching process) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def ranks():
+    return spawn_ranks(WORLD, run_all, timeout_s=150.0)
+
+
+def result(ranks, name: str) -> list:
+    per_rank = []
+    for rank, out in enumerate(ranks):
+        status, value = out[name]
+        assert status == "ok", f"scenario {name} raised on rank {rank}:\n{value}"
+        per_rank.append(value)
+    return per_rank
+
+
+def check_reload_everywhere(records: list[dict], proposer: int) -> None:
+    """Every rank switched at the first poll at or after the proposal, and equals a fresh worker."""
+    first_poll = -(-PROPOSE_AT // POLL) * POLL
+    expected = [(0, 3)] * first_poll + [(1, 2)] * (STEPS - first_poll)
+    fresh = EagleDraftWorker(args_for(2), TinyDraftModel())
+    fresh.capture_graphs("trace")
+    for i, rec in enumerate(records):
+        assert rec["served"] == expected, f"member {i}: {rec['served']}"
+        assert [h["proposer"] for h in rec["history"]] == [proposer]
+        ref = fresh.draft_forward(make_draft_input(CHECK_BS, 1, seed=10 + rec["rank"]))
+        for j, (got, want) in enumerate(zip(rec["outputs"], ref)):
+            assert torch.equal(got, want), f"member {i} output {j} differs from a fresh single-rank worker"
+
+
+def test_reload_proposed_on_nonzero_rank_world3(ranks):
+    records = result(ranks, "reload3")
+    for rank, rec in enumerate(records):
+        rec["rank"] = rank
+        assert rec["graphs"]
+    check_reload_everywhere(records, proposer=2)
+
+
+def test_reload_world2_subgroup(ranks):
+    records = result(ranks, "reload2")
+    assert records[0] is None  # rank 0 is not in the subgroup
+    for rank in (1, 2):
+        records[rank]["rank"] = rank
+    check_reload_everywhere(records[1:], proposer=1)  # global rank 2 is group rank 1
+
+
+def test_capture_failure_on_one_rank_keeps_old_state_everywhere(ranks):
+    records = result(ranks, "capture_failure")
+    for rec in records:
+        assert rec["served"] == [(0, 3)] * STEPS  # serving went on, old state everywhere
+        assert rec["graphs"]  # swap policy: the old graphs still serve
+        (h,) = rec["history"]
+        assert not h["ok"] and "rank 1 failed" in h["error"] and "injected capture failure" in h["error"]
+        assert "rank 0 failed" not in h["error"] and "rank 2 failed" not in h["error"]
+
+
+def test_startup_mismatch_of_capture_sizes_rejected_on_every_rank(ranks):
+    messages = result(ranks, "mismatch")
+    for msg in messages:
+        assert msg is not None, "a rank accepted mismatched capture sizes"
+        assert "capture_sizes: rank 0, 1 = (1, 2, 4); rank 2 = (1, 2)" in msg
+    assert len(set(messages)) == 1
+
+
+def test_adaptive_switching_identical_on_all_ranks(ranks):
+    records = result(ranks, "adaptive")
+    assert records[0]["observed"] != records[1]["observed"]  # the ranks saw different acceptance
+    states = [rec["states"] for rec in records]
+    assert states[1] == states[0] and states[2] == states[0]
+    assert len({s for s, _ in states[0]}) >= 2  # it did switch
+    assert all(s == served for s, served in states[0])
+    changes = [t for t in range(1, 200) if states[0][t][0] != states[0][t - 1][0]]
+    assert all(t % 8 == 0 for t in changes), changes  # switches only at polls
+
+
+def test_concurrent_proposals_one_wins_other_rejected(ranks):
+    records = result(ranks, "concurrent")
+    served = [rec["served"] for rec in records]
+    assert served[1] == served[0] and served[2] == served[0]
+    committed = [h for h in records[0]["history"] if h.get("event") == "reload" and h["ok"]]
+    assert len(committed) == 1
+    winner = committed[0]["proposer"]
+    loser = 3 - winner
+    (rejected,) = [h for h in records[loser]["history"] if h["event"] == "rejected"]
+    assert f"rank {winner}'s proposal" in rejected["error"]
+    assert "already waiting" in records[0]["second"]
+
+
+def test_zero_collective_mode_reloads_at_same_step(ranks):
+    records = result(ranks, "stamp")
+    for rank, rec in enumerate(records):
+        rec["rank"] = rank
+    check_reload_everywhere(records, proposer=1)
+
+
+def test_unresponsive_rank_aborts_within_timeout_and_serving_continues(ranks):
+    records = result(ranks, "unresponsive")
+    for rec in records:
+        assert rec["served"] == [(0, 3)] * STEPS
+        assert rec["graphs"]
+        (h,) = rec["history"]
+        assert not h["ok"] and "rank 2 did not vote" in h["error"], h
+    for rank in (0, 1):  # they gave up after about the timeout, not after the stall
+        assert records[rank]["max_step_s"] < TIMEOUT_S + 2.0, records[rank]["max_step_s"]
+
+
+# ---- launcher and argument checks (no processes needed for most) -----------------------------
+def _raise_on_rank_one(rank, world):
+    if rank == 1:
+        raise RuntimeError("boom on rank one")
+    return rank
+
+
+def test_spawn_ranks_names_the_failing_rank():
+    with pytest.raises(RankLaunchError) as info:
+        spawn_ranks(2, _raise_on_rank_one, timeout_s=60.0)
+    assert set(info.value.failures) == {1} and "boom on rank one" in info.value.failures[1]
+    assert info.value.results == {0: 0}
+
+
+def test_coordinator_rejects_bad_arguments():
+    worker = EagleDraftWorker(args_for(3), TinyDraftModel())
+    with pytest.raises(ValueError, match="poll_every"):
+        RankCoordinator(worker, poll_every=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RankCoordinator(worker, timeout_s=-1)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        RankCoordinator(worker)
