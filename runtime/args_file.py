@@ -79,16 +79,20 @@ def _check_keys(where: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def install_reload_signal(worker: Any, path: str | os.PathLike[str], signal: int = _signal.SIGHUP,
-                          policy: str = "swap") -> Callable[[], None]:
+                          policy: str = "swap", coordinator: Any = None) -> Callable[[], None]:
     """On ``signal``, read ``path`` and request a reload (applied at the worker's next step).
 
     The handler only parses and records the request, so it is safe between any two bytecodes
-    of a step; a bad file is logged and ignored (the worker keeps serving). Returns a callable
-    that restores the previous handler. Call from the main thread.
+    of a step; a bad file is logged and ignored (the worker keeps serving). With a
+    ``coordinator`` (`RankCoordinator`, several ranks) the request is proposed to every rank
+    instead, and all ranks reload at the same step. Returns a callable that restores the
+    previous handler. Call from the main thread.
     """
+    request = worker.request_reload if coordinator is None else coordinator.propose_reload
+
     def handler(signum: int, frame: Any) -> None:
         try:
-            worker.request_reload(load_runtime_args(path), policy)
+            request(load_runtime_args(path), policy)
             logger.info("signal %d: reload from %s requested", signum, path)
         except (TypeError, ValueError) as exc:
             logger.error("signal %d: reload from %s rejected: %s", signum, path, exc)

@@ -8,7 +8,11 @@ The single-rank references (a fresh worker with the new args) are computed in th
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
+import tempfile
 import time
 import traceback
 
@@ -24,6 +28,7 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
     TinyDraftModel,
+    install_reload_signal,
     make_draft_input,
 )
 from draftgraph.runtime.distributed import ProposalRejected, RankCoordinator, RankMismatchError
@@ -70,7 +75,10 @@ def serve(coordinator: RankCoordinator, worker, steps: int, propose: dict[int, R
     inp = make_draft_input(2, 1)
     for t in range(steps):
         if propose and t in propose:
-            coordinator.propose_reload(propose[t])
+            if propose[t] == "sighup":  # through install_reload_signal(..., coordinator=...)
+                os.kill(os.getpid(), signal.SIGHUP)
+            else:
+                coordinator.propose_reload(propose[t])
         if stamp_mode:  # the engine's per-step broadcast carries the leader's stamp
             box = [coordinator.stamp() if coordinator.is_leader else None]
             dist.broadcast_object_list(box, src=0)
@@ -96,8 +104,19 @@ def scenario_reload(rank, world, group=None, members=None):
         return None
     worker = captured_worker(args_for(3))
     coord = RankCoordinator(worker, group=group, poll_every=POLL, timeout_s=30.0, name="reload")
-    propose = {PROPOSE_AT: args_for(2)} if rank == members[-1] else None
+    propose, uninstall = None, None
+    if rank == members[-1] and group is None:  # world 3: the proposal comes from SIGHUP
+        path = os.path.join(tempfile.mkdtemp(), "args.json")
+        with open(path, "w") as f:
+            json.dump({"speculative": {"num_steps": 2, "topk": 1},
+                       "cuda_graph_config": {"decode": {"bs": [1, 2, 4]}}}, f)
+        uninstall = install_reload_signal(worker, path, coordinator=coord)
+        propose = {PROPOSE_AT: "sighup"}
+    elif rank == members[-1]:
+        propose = {PROPOSE_AT: args_for(2)}
     served = serve(coord, worker, STEPS, propose, group=group)
+    if uninstall is not None:
+        uninstall()
     return {"served": served, "outputs": after_outputs(worker, rank), "history": list(coord.history),
             "graphs": worker.state.has_graphs}
 
