@@ -97,13 +97,19 @@ def _assemble(verified_id: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: t
     tokens = torch.cat([verified_id.to(draft_tokens.dtype).unsqueeze(1), draft_tokens], dim=1)
     return VerifyTree(
         tokens=tokens.flatten(),
-        positions=(seq_lens.to(torch.long).unsqueeze(1) + depth).flatten(),
+        positions=(_integral(seq_lens).unsqueeze(1) + depth).flatten(),
         parents=parents,
         tree_mask=mask,
         retrieve_index=retrieve_index,
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
     )
+
+
+def _integral(seq_lens: torch.Tensor) -> torch.Tensor:
+    """seq_lens as they are when integral (adding the int64 depth promotes them: no extra op),
+    else converted to int64."""
+    return seq_lens.to(torch.long) if seq_lens.is_floating_point() or seq_lens.is_complex() else seq_lens
 
 
 def _node_parents(
