@@ -1,0 +1,142 @@
+"""Topology benchmark: organize + build_tree per step for a chain, a static tree and a dynamic tree.
+
+At equal N (8 and 16) and b in (1, 64, 256), all variants interleaved in one process: seconds per
+call of organize + build_tree (the draft forwards excluded: they are the same work in all three),
+aten ops dispatched per call, and the captured step's graph nodes with and without organize
+(trace backend). The engine's acceptance length and tokens/s per topology come from
+`engine_topology_rows` (a hook the engine fills in). Prints a table and JSON (``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import count_ops, emit, synced, time_interleaved  # noqa: E402
+from draftgraph.graphs import GraphCaptureManager  # noqa: E402
+from draftgraph.runtime.config import (  # noqa: E402
+    CudaGraphConfig,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+)
+from draftgraph.runtime.eagle_worker import EagleDraftWorker  # noqa: E402
+from draftgraph.runtime.models import TinyDraftModel, make_draft_input  # noqa: E402
+from draftgraph.runtime.organize import organize_draft_results  # noqa: E402
+from draftgraph.runtime.tree import build_tree  # noqa: E402
+
+BATCHES = (1, 64, 256)
+STATIC_TREES = {  # EAGLE-1-like shapes: wide near the root, one long spine
+    8: ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)),
+    16: ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+         (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0)),
+}
+
+
+def specs(n: int) -> dict[str, SpeculativeConfig]:
+    """Chain, static tree and dynamic tree with N = n verify tokens."""
+    tree = STATIC_TREES[n]
+    depth = max(map(len, tree))
+    return {"chain": SpeculativeConfig(n - 1, 1),
+            "static": SpeculativeConfig(depth, 4, tree_choices=tree),
+            "dynamic": SpeculativeConfig(depth, 4, n)}
+
+
+def make_worker(spec: SpeculativeConfig, device: str, capture: tuple[int, ...] | None = None
+                ) -> EagleDraftWorker:
+    graphs = CudaGraphConfig(PhaseGraphConfig(bs=capture)) if capture else None
+    args = RuntimeArgs(spec, graphs, max_running_requests=max(BATCHES), device=device)
+    return EagleDraftWorker(args, TinyDraftModel(device=device))
+
+
+def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
+    """A callable running one step's organize + build_tree for ``worker`` at batch b."""
+    state, spec = worker.state, worker.state.spec
+    inp = make_draft_input(b, spec.topk, device=device)
+    verified = inp.topk_index[:, 0].clone()
+    seq_lens = torch.full((b,), 100, dtype=torch.int32, device=device)
+    n, s = spec.num_draft_tokens, spec.num_steps
+    buf = state.static_buffers()
+    if buf is not None:
+        tokens = worker.draft_step(state, inp.topk_p, inp.topk_index, inp.hidden_states,
+                                   organize=False, count=False)
+
+        def run() -> Any:
+            parents, indices = buf.view(b)  # the whole static organize
+            return build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, s, n,
+                              validate=False)
+    else:
+        lists = worker._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
+
+        def run() -> Any:
+            parents, indices, tokens = organize_draft_results(*lists, n)
+            return build_tree(verified, parents, indices, tokens, seq_lens, spec.topk, s, n,
+                              validate=False)
+    return run
+
+
+def graph_nodes(spec: SpeculativeConfig, size: int) -> dict[str, int | None]:
+    """Trace-backend nodes of the captured draft step, with and without its organize stage."""
+    w = make_worker(spec, "cpu", capture=(size,))
+    w.capture_graphs("trace")
+    step, static, pads = w._graph_step(w.state, size, organize=False)
+    bare = GraphCaptureManager(step, static, (size,), backend="trace", pad_values=pads)
+    bare.capture()
+    out = {"nodes": w.state.graphs.node_count(size), "nodes_no_organize": bare.node_count(size)}
+    bare.release()
+    w.state.release()
+    return out
+
+
+def engine_topology_rows(quick: bool) -> list[dict[str, Any]]:
+    """Hook for the engine: acceptance length and tokens/s of chain vs static vs dynamic at equal
+    N on the default models (rows with keys n, kind, accept_len, tokens_per_s). Empty until the
+    engine provides it."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = p.parse_args(argv)
+    repeats, inner = (5, 20) if a.quick else (15, 100)
+    batches = (1, 64) if a.quick else BATCHES
+    rows: list[dict[str, Any]] = []
+    for n in (8, 16):
+        cases = specs(n)
+        nodes = {kind: graph_nodes(spec, 4 if a.quick else 64) for kind, spec in cases.items()}
+        for b in batches:
+            fns = {kind: organize_and_build(make_worker(spec, a.device), b, a.device)
+                   for kind, spec in cases.items()}
+            if a.device.startswith("cuda"):
+                fns = {kind: synced(fn) for kind, fn in fns.items()}
+            times = time_interleaved(fns, repeats=repeats, inner=inner)
+            for kind, fn in fns.items():
+                ops = count_ops(fn)
+                rows.append({"n": n, "b": b, "kind": kind, "us": times[kind] * 1e6,
+                             "vs_dynamic": times["dynamic"] / times[kind],
+                             "compute_ops": ops["compute_ops"], "view_ops": ops["view_ops"],
+                             **nodes[kind]})
+    by = {(r["n"], r["b"], r["kind"]): r for r in rows}
+    targets = {
+        "static_ops_le_2": all(r["compute_ops"] <= 2 for r in rows if r["kind"] != "dynamic"),
+        "static_20x_dynamic_at_b64": all(by[(n, 64, "static")]["vs_dynamic"] >= 20 for n in (8, 16)),
+        "static_nodes_eq_no_organize": all(r["nodes"] == r["nodes_no_organize"]
+                                           for r in rows if r["kind"] != "dynamic"),
+    }
+    engine = engine_topology_rows(a.quick)
+    columns = ["n", "b", "kind", "us", "vs_dynamic", "compute_ops", "view_ops", "nodes",
+               "nodes_no_organize"]
+    return emit("bench_topology", rows, columns,
+                {"targets": targets, "engine": engine, "device": a.device}, a.json)
+
+
+if __name__ == "__main__":
+    main()
