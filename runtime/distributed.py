@@ -151,6 +151,7 @@ class RankCoordinator:
         self._leader_choice = 0  # leader: the choice it will publish at the next poll
         self._announced = 0  # leader: reload number announced by stamp(), not yet applied
         self._reload_n = 0  # leader: reloads announced so far
+        self._own_pending = False  # leader: its own proposal holds the slot (poll mode)
         self._agree_at_startup()
 
     @property
@@ -186,13 +187,21 @@ class RankCoordinator:
                                    f"already waiting for the next poll; one proposal at a time")
         self._local.append((new_args, policy))
 
-    def _publish_local(self) -> None:
-        """Put this rank's waiting proposal into the shared slot, or reject it if the slot is held."""
+    def _publish_local(self, mark_from: int | None = None) -> None:
+        """Put this rank's waiting proposal into the shared slot, or reject it if the slot is held.
+
+        Poll mode: the leader learns of it at the round marked from ``mark_from`` on (its own
+        proposal: at its next poll); stamp mode: at its next look at the slot."""
         if not self._local:
             return
         args, policy = self._local.popleft()
         try:
             holder = self._proto.offer((self.rank, args, policy))
+            if holder is None and mark_from is not None:
+                if self.is_leader:
+                    self._own_pending = True
+                else:
+                    self._proto.mark_round(mark_from)
         except _STORE_ERRORS as exc:
             self._fault(f"could not publish the reload proposal to {args.speculative}: {exc}")
             return
@@ -208,6 +217,7 @@ class RankCoordinator:
 
     def _leader_take(self) -> int:
         """Leader: a pending proposal becomes reload number n (returned), else 0."""
+        self._own_pending = False
         payload = self._proto.take()
         if payload is None:
             return 0
@@ -227,16 +237,18 @@ class RankCoordinator:
             self._enter("poll")
         t = self.stats.steps
         self.stats.steps = t + 1
-        if self._local:  # publish at once: the leader finds it at its next poll
-            self._publish_local()
+        if self._local:  # publish at once and mark this rank's next poll round for the leader
+            self._publish_local(mark_from=-(-t // self.poll_every))
         if t % self.poll_every:
             return self.worker.state.generation
         start = time.perf_counter()
         try:
             if self.is_leader:
-                n = self._leader_take()
-                choice = self._leader_choice
-                self._proto.publish_round(t // self.poll_every, choice, n)
+                r, choice = t // self.poll_every, self._leader_choice
+                n = self._leader_take() if self._own_pending else 0
+                if self._proto.open_round(r, choice, n):  # a proposer marked this round
+                    n = self._leader_take()
+                    self._proto.close_round(r, choice, n)
             else:
                 choice, n = self._proto.read_round(t // self.poll_every)
         except _STORE_ERRORS as exc:

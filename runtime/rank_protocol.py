@@ -7,8 +7,10 @@ operation that times out leaves the connection usable, the missing keys name the
 and ``compare_set`` gives a decision that every rank, even a late one, reads the same. The
 engine's process group never carries coordinator traffic, whatever its backend (NCCL or gloo).
 
-Keys (under one namespace per coordinator): ``round/<r>`` the leader's word for poll round r;
-``proposal`` the single proposal slot (``-`` when free); ``reload/<n>`` the n-th reload's
+Keys (under one namespace per coordinator): ``round/<r>`` the leader's word for poll round r
+(one compare_set by the leader, one get by each other rank), or ``P`` when a proposer marked
+the round, and then ``round/<r>/final`` holds the word; ``proposal`` the single proposal slot
+(``-`` when free); ``reload/<n>`` the n-th reload's
 (proposer, args, policy); ``vote/<n>/<rank>``; ``decision/<n>``; ``hello/<rank>`` at start-up.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -29,7 +32,9 @@ logger = logging.getLogger(__name__)
 FREE = b"-"  # the proposal slot holds no proposal
 COMMIT = b"commit"
 _ABORT = b"abort:"
+_MARK = b"P"  # a proposer's mark on a round: the leader must look at the proposal slot
 _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
+_GC_BATCH = 256  # rounds deleted per background batch
 
 
 class RankTimeout(RuntimeError):
@@ -38,6 +43,17 @@ class RankTimeout(RuntimeError):
     def __init__(self, message: str, missing: Sequence[int]) -> None:
         super().__init__(message)
         self.missing = tuple(missing)
+
+
+def _delete_rounds(base: Any, namespace: str, timeout_s: float, lo: int, hi: int) -> None:
+    """Background: delete round keys [lo, hi) through a separate client (errors only logged)."""
+    try:
+        store, _ = open_store(base, namespace, timeout_s)
+        for r in range(lo, hi):
+            store.delete_key(f"round/{r}")
+            store.delete_key(f"round/{r}/final")
+    except (RuntimeError, dist.DistError) as exc:
+        logger.warning("could not delete old poll rounds %d..%d: %s", lo, hi - 1, exc)
 
 
 def open_store(store: Any, namespace: str, timeout_s: float) -> tuple[Any, bool]:
@@ -68,7 +84,10 @@ class RankProtocol:
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self._base, self._namespace = store, namespace
         self._store, self._dedicated = open_store(store, namespace, timeout_s)
+        self._gc: threading.Thread | None = None
+        self._gc_next = 0  # rounds before it are deleted (or being deleted)
         if rank == 0:
             self._store.set("proposal", FREE)
 
@@ -99,17 +118,46 @@ class RankProtocol:
             raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
 
     # ---- rounds (poll mode) ------------------------------------------------------------------
-    def publish_round(self, r: int, choice: int, reload_n: int) -> None:
-        """Leader: round r's word (adaptive choice, reload number or 0); drops an old round."""
-        self._store.set(f"round/{r}", f"{choice},{reload_n}")
-        if r >= _ROUND_WINDOW:
-            self._store.delete_key(f"round/{r - _ROUND_WINDOW}")
+    def open_round(self, r: int, choice: int, reload_n: int) -> bool:
+        """Leader: publish round r's word (one round trip) unless a proposer marked the round
+        first; returns True when marked (then `close_round` publishes the word)."""
+        word = f"{choice},{reload_n}".encode()
+        now = self._store.compare_set(f"round/{r}", b"", word)
+        if r > _ROUND_WINDOW and r % _GC_BATCH == 0:
+            self._collect_rounds(r - _ROUND_WINDOW)
+        return now == _MARK
+
+    def close_round(self, r: int, choice: int, reload_n: int) -> None:
+        """Leader: the word of a marked round."""
+        self._store.set(f"round/{r}/final", f"{choice},{reload_n}")
+
+    def mark_round(self, first: int) -> int:
+        """Proposer: mark the first round from ``first`` on that the leader has not published,
+        so the leader looks at the proposal slot there; returns that round."""
+        r = first
+        while self._store.compare_set(f"round/{r}", b"", _MARK) != _MARK:
+            r += 1
+        return r
 
     def read_round(self, r: int) -> tuple[int, int]:
         """Non-leader: (choice, reload number) of round r."""
         raw = self._get(f"round/{r}", 0, f"publish poll round {r}")
+        if raw == _MARK:
+            raw = self._get(f"round/{r}/final", 0, f"publish poll round {r}")
         choice, reload_n = raw.split(b",")
         return int(choice), int(reload_n)
+
+    def _collect_rounds(self, hi: int) -> None:
+        """Delete the keys of the rounds before ``hi`` not deleted yet, off the serving thread
+        (on their own connection)."""
+        if not self._dedicated:
+            return  # a FileStore or HashStore: few deployments; keys stay
+        if self._gc is not None and self._gc.is_alive():
+            return  # the previous batch is still running; the next batch covers these rounds too
+        args = self._base, self._namespace, self.timeout_s, self._gc_next, hi
+        self._gc_next = hi
+        self._gc = threading.Thread(target=_delete_rounds, args=args, daemon=True, name="draftgraph-round-gc")
+        self._gc.start()
 
     # ---- the proposal slot ---------------------------------------------------------------------
     def offer(self, proposal: tuple[int, Any, str]) -> tuple[int, Any, str] | None:
