@@ -14,7 +14,7 @@ rank must replay the same state at every step. A `RankCoordinator` wraps one ran
   call: all swap, or all keep the old state and log why. No rank serves a generation the
   others do not.
 - Zero-collective mode for engines that already broadcast per-step metadata: the leader calls
-  `stamp()` and sends the two ints with its own broadcast; every rank (the leader too) then
+  `stamp()` and sends the three ints with its own broadcast; every rank (the leader too) then
   calls `apply(stamp)` instead of `step()`.
 
 Everything travels through the process group's c10d store (see `rank_protocol` for why not
@@ -152,6 +152,7 @@ class RankCoordinator:
         self._announced = 0  # leader: reload number announced by stamp(), not yet applied
         self._reload_n = 0  # leader: reloads announced so far
         self._own_pending = False  # leader: its own proposal holds the slot (poll mode)
+        self._diverged_from = -1  # the leader generation last reported as diverged
         self._agree_at_startup()
 
     @property
@@ -244,19 +245,19 @@ class RankCoordinator:
         start = time.perf_counter()
         try:
             if self.is_leader:
-                r, choice = t // self.poll_every, self._leader_choice
-                n = self._leader_take() if self._own_pending else 0
-                if self._proto.open_round(r, choice, n):  # a proposer marked this round
-                    n = self._leader_take()
-                    self._proto.close_round(r, choice, n)
+                r = t // self.poll_every
+                word = self._word(self._leader_take() if self._own_pending else 0)
+                if self._proto.open_round(r, word):  # a proposer marked this round
+                    word = self._word(self._leader_take())
+                    self._proto.close_round(r, word)
             else:
-                choice, n = self._proto.read_round(t // self.poll_every)
+                word = self._proto.read_round(t // self.poll_every)
         except _STORE_ERRORS as exc:
             self._fault(f"poll at step {t} failed: {exc}")
             return self.worker.state.generation
         self.stats.polls += 1
         self.stats.poll_s += time.perf_counter() - start
-        self._follow(choice, n)
+        self._follow(word)
         return self.worker.state.generation
 
     def _enter(self, mode: str) -> None:
@@ -266,17 +267,27 @@ class RankCoordinator:
                                f"do not mix step() with stamp()/apply()")
         self._mode = mode
 
-    def _follow(self, choice: int, reload_n: int) -> None:
-        """Take the leader's word: its adaptive choice, and reload number ``reload_n`` if any."""
+    def _word(self, reload_n: int) -> tuple[int, int, int]:
+        """Leader: (adaptive choice or 0, reload number or 0, generation served)."""
+        return (self._leader_choice, reload_n, self.worker.state.generation)
+
+    def _follow(self, word: tuple[int, ...]) -> None:
+        """Take the leader's word: its adaptive choice, and its reload if any; a generation that
+        differs from the leader's (a reload outside the coordinator) is reported, once."""
+        choice, reload_n, generation = word
+        if generation != self.worker.state.generation and generation != self._diverged_from:
+            self._diverged_from = generation
+            self._fault(f"serves generation {self.worker.state.generation}, the leader serves "
+                        f"{generation}: the ranks diverged (a reload outside the coordinator?)")
         if choice > 0:
             self._choice = choice
         if reload_n:
             self._run_reload(reload_n)
 
     # ---- zero-collective mode ----------------------------------------------------------------
-    def stamp(self) -> tuple[int, int]:
-        """Leader, once per step: (adaptive choice or 0, reload number or 0) to send to every rank
-        with the engine's own per-step broadcast; then every rank calls `apply` with it.
+    def stamp(self) -> tuple[int, int, int]:
+        """Leader, once per step: (adaptive choice or 0, reload number or 0, generation) to send
+        to every rank with the engine's own per-step broadcast; then every rank calls `apply`.
 
         Costs no communication, except one store read every ``poll_every`` steps (a look at the
         proposal slot) and the reload itself when there is one."""
@@ -295,23 +306,23 @@ class RankCoordinator:
                 self._fault(f"proposal check at step {t} failed: {exc}")
             self.stats.polls += 1
             self.stats.poll_s += time.perf_counter() - start
-        return (self._leader_choice, self._announced)
+        return self._word(self._announced)
 
-    def apply(self, stamp: tuple[int, int]) -> int:
+    def apply(self, stamp: tuple[int, int, int]) -> int:
         """Every rank (the leader too), once per step: follow the leader's stamp; returns the
         generation this step serves."""
         if self._mode != "stamp":
             self._enter("stamp")
-        if (not isinstance(stamp, (tuple, list)) or len(stamp) != 2
+        if (not isinstance(stamp, (tuple, list)) or len(stamp) != 3
                 or not all(isinstance(v, int) and v >= 0 for v in stamp)):
-            raise ValueError(f"stamp={stamp!r}: must be the (choice, reload) pair of two ints >= 0 "
+            raise ValueError(f"stamp={stamp!r}: must be the (choice, reload, generation) ints >= 0 "
                              f"that the leader's stamp() returned")
         self.stats.steps += 1
         if self._local and not self.is_leader:
             self._publish_local()  # the leader finds it at its next proposal check
         if self.is_leader:
             self._announced = 0
-        self._follow(int(stamp[0]), int(stamp[1]))
+        self._follow(tuple(int(v) for v in stamp))
         return self.worker.state.generation
 
     # ---- adaptive switching --------------------------------------------------------------------
@@ -334,8 +345,10 @@ class RankCoordinator:
         try:
             proposer, args, policy = self._proto.read_reload(n)
             prepared = self.worker.prepare_reload(args, policy)
-        except (ReloadError, TypeError, ValueError, RankTimeout) as exc:
+        except Exception as exc:  # any failure is a "no" vote: the others must not wait for it
             error = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, (ReloadError, TypeError, ValueError, RankTimeout)):
+                logger.exception("rank %d: unexpected error preparing reload %d", self.rank, n)
         prepare_s = time.perf_counter() - start
         try:
             self._proto.vote(n, error)

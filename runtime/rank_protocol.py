@@ -37,6 +37,10 @@ _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before 
 _GC_BATCH = 256  # rounds deleted per background batch
 
 
+def _encode(word: tuple[int, ...]) -> bytes:
+    return ",".join(str(int(v)) for v in word).encode()
+
+
 class RankTimeout(RuntimeError):
     """Some ranks did not arrive within the timeout; ``missing`` lists them (group ranks)."""
 
@@ -118,18 +122,17 @@ class RankProtocol:
             raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
 
     # ---- rounds (poll mode) ------------------------------------------------------------------
-    def open_round(self, r: int, choice: int, reload_n: int) -> bool:
-        """Leader: publish round r's word (one round trip) unless a proposer marked the round
-        first; returns True when marked (then `close_round` publishes the word)."""
-        word = f"{choice},{reload_n}".encode()
-        now = self._store.compare_set(f"round/{r}", b"", word)
+    def open_round(self, r: int, word: tuple[int, ...]) -> bool:
+        """Leader: publish round r's word (ints; one round trip) unless a proposer marked the
+        round first; returns True when marked (then `close_round` publishes the word)."""
+        now = self._store.compare_set(f"round/{r}", b"", _encode(word))
         if r > _ROUND_WINDOW and r % _GC_BATCH == 0:
             self._collect_rounds(r - _ROUND_WINDOW)
         return now == _MARK
 
-    def close_round(self, r: int, choice: int, reload_n: int) -> None:
+    def close_round(self, r: int, word: tuple[int, ...]) -> None:
         """Leader: the word of a marked round."""
-        self._store.set(f"round/{r}/final", f"{choice},{reload_n}")
+        self._store.set(f"round/{r}/final", _encode(word))
 
     def mark_round(self, first: int) -> int:
         """Proposer: mark the first round from ``first`` on that the leader has not published,
@@ -139,13 +142,12 @@ class RankProtocol:
             r += 1
         return r
 
-    def read_round(self, r: int) -> tuple[int, int]:
-        """Non-leader: (choice, reload number) of round r."""
+    def read_round(self, r: int) -> tuple[int, ...]:
+        """Non-leader: the leader's word for round r."""
         raw = self._get(f"round/{r}", 0, f"publish poll round {r}")
         if raw == _MARK:
             raw = self._get(f"round/{r}/final", 0, f"publish poll round {r}")
-        choice, reload_n = raw.split(b",")
-        return int(choice), int(reload_n)
+        return tuple(int(v) for v in raw.split(b","))
 
     def _collect_rounds(self, hi: int) -> None:
         """Delete the keys of the rounds before ``hi`` not deleted yet, off the serving thread

@@ -59,7 +59,7 @@ def _run_mode(worker, mode: str, poll_every: int, steps: int) -> dict:
     """Per-step coordinator and draft-step seconds on this rank (lists), and poll figures."""
     coord = RankCoordinator(worker, poll_every=poll_every, timeout_s=60.0, name=f"bench-{mode}-{poll_every}")
     inp = make_draft_input(BS, 1, hidden_size=HIDDEN, vocab_size=VOCAB)
-    box = torch.zeros(2, dtype=torch.int64)
+    box = torch.zeros(3, dtype=torch.int64)
     coord_s, step_s = [], []
     for _ in range(steps):
         if mode == "stamp":  # the engine's metadata broadcast carries the leader's stamp (untimed)
@@ -70,7 +70,7 @@ def _run_mode(worker, mode: str, poll_every: int, steps: int) -> dict:
                 t_stamp = time.perf_counter() - t0
                 box.copy_(torch.tensor(stamp))
             dist.broadcast(box, src=0)
-            stamp = (int(box[0]), int(box[1]))
+            stamp = tuple(box.tolist())
             t0 = time.perf_counter()
             coord.apply(stamp)
             t1 = time.perf_counter()

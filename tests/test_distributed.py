@@ -180,6 +180,17 @@ def scenario_stamp(rank, world):
     return {"served": served, "outputs": after_outputs(worker, rank), "history": list(coord.history)}
 
 
+def scenario_diverged(rank, world):
+    worker = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 1)), TinyDraftModel())
+    coord = RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="diverged")
+    for t in range(2 * POLL + 1):
+        if t == 2 and rank == 1:
+            worker.reload(RuntimeArgs(SpeculativeConfig(2, 1)))  # behind the coordinator's back
+        coord.step()
+        dist.all_reduce(torch.zeros(1))
+    return {"faults": coord.stats.faults, "last_error": coord.last_error}
+
+
 def scenario_unresponsive(rank, world):
     worker = captured_worker(args_for(3))
     coord = RankCoordinator(worker, poll_every=POLL, timeout_s=TIMEOUT_S, name="stall")
@@ -212,6 +223,7 @@ def run_all(rank, world):
         "adaptive": lambda: scenario_adaptive(rank, world),
         "concurrent": lambda: scenario_concurrent(rank, world),
         "stamp": lambda: scenario_stamp(rank, world),
+        "diverged": lambda: scenario_diverged(rank, world),
         "unresponsive": lambda: scenario_unresponsive(rank, world),  # last: it leaves rank 2 behind
     }
     out = {}
@@ -315,6 +327,13 @@ def test_zero_collective_mode_reloads_at_same_step(ranks):
     for rank, rec in enumerate(records):
         rec["rank"] = rank
     check_reload_everywhere(records, proposer=1)
+
+
+def test_reload_outside_the_coordinator_is_reported_once(ranks):
+    records = result(ranks, "diverged")
+    assert records[0]["faults"] == 0 and records[2]["faults"] == 0
+    assert records[1]["faults"] == 1  # reported at the first poll after it, not at every poll
+    assert "serves generation 1, the leader serves 0" in records[1]["last_error"]
 
 
 def test_unresponsive_rank_aborts_within_timeout_and_serving_continues(ranks):

@@ -28,16 +28,16 @@ def ranks(server, world: int, timeout_s: float = 0.5, ns: str = "t/") -> list[Ra
 
 def test_round_word_reaches_every_rank(server):
     leader, a, b = ranks(server, 3)
-    assert leader.open_round(0, 4, 0) is False
-    assert a.read_round(0) == (4, 0) and b.read_round(0) == (4, 0)
+    assert leader.open_round(0, (4, 0, 1)) is False
+    assert a.read_round(0) == (4, 0, 1) and b.read_round(0) == (4, 0, 1)
 
 
 def test_marked_round_makes_the_leader_look_and_readers_wait_for_the_final_word(server):
     leader, a = ranks(server, 2)
-    leader.open_round(0, 3, 0)
+    leader.open_round(0, (3, 0))
     assert a.mark_round(0) == 1  # round 0 is published: the mark goes to the next one
-    assert leader.open_round(1, 3, 0) is True
-    leader.close_round(1, 3, 7)
+    assert leader.open_round(1, (3, 0)) is True
+    leader.close_round(1, (3, 7))
     assert a.read_round(1) == (3, 7)
 
 
@@ -90,7 +90,7 @@ def test_old_rounds_are_deleted_in_the_background(server, monkeypatch):
     monkeypatch.setattr(rp, "_GC_BATCH", 2)
     leader, a = ranks(server, 2)
     for r in range(9):
-        leader.open_round(r, 1, 0)
+        leader.open_round(r, (1, 0))
     leader._gc.join(timeout=5.0)
     check = a._store.check
     assert not check(["round/0"]) and not check(["round/1"]) and check(["round/8"])
