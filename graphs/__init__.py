@@ -5,10 +5,11 @@ Knows nothing about speculative decoding; ``draftgraph.runtime`` builds on it.
 
 from __future__ import annotations
 
-from .backends import BACKEND_NAMES, CapturedGraph, GraphBackend, resolve_backend
+from .backends import BACKEND_NAMES, resolve_backend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
 from .errors import GraphCaptureError, GraphDebugError
 from .manager import GraphCaptureManager, StepOutput
+from .protocol import CapturedGraph, GraphBackend
 from .sizes import (
     DEFAULT_MAX_BS,
     capture_batch_sizes,

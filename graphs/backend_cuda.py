@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .backends import FlatStep, check_outputs
 from .hostsync import HostSyncGuard
+from .protocol import FlatStep, check_outputs
 
 __all__ = ["CudaBackend", "CudaGraph", "count_graph_nodes"]
 
@@ -111,7 +111,7 @@ class CudaGraph:
         self.nodes = nodes
         self.nbytes = nbytes
         self._graph: torch.cuda.CUDAGraph | None = graph
-        self._outs = outs
+        self.outputs = outs
         self._device = device
 
     def replay(self) -> tuple[Tensor, ...]:
@@ -119,7 +119,7 @@ class CudaGraph:
         if self._graph is None:
             raise RuntimeError(f"CUDA graph for size {self.size} was released")
         self._graph.replay()
-        return self._outs
+        return self.outputs
 
     def release(self) -> None:
         """Wait for in-flight replays, then free the graph and its outputs; idempotent."""
@@ -128,7 +128,7 @@ class CudaGraph:
         torch.cuda.synchronize(self._device)
         self._graph.reset()
         self._graph = None
-        self._outs = ()
+        self.outputs = ()
 
 
 class CudaBackend:

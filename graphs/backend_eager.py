@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .backends import CapturedGraph, FlatStep
+from .protocol import CapturedGraph, FlatStep
 
 __all__ = ["EagerBackend"]
 

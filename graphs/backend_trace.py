@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .backends import FlatStep, check_outputs
 from .errors import GraphCaptureError
 from .hostsync import HOST_SYNC_OP, HostSyncGuard, host_sync_message
+from .protocol import FlatStep, check_outputs
 
 __all__ = ["TraceBackend", "TraceGraph", "count_kernel_nodes"]
 
@@ -153,18 +153,24 @@ def _constant_storages(gm: fx.GraphModule) -> set[int]:
 
 
 class TraceGraph:
-    """One recorded size: the GraphModule, its static views and where each output lands."""
+    """One recorded size: the GraphModule, its static views and where each output lands.
+
+    ``outputs`` are fixed: a fresh output's slot is its static buffer view, and an output
+    that aliases a constant or a static input is the tensor seen at capture (replay runs
+    the same view ops on the same tensors, so it returns that very memory again).
+    """
 
     def __init__(
         self, gm: fx.GraphModule, args: tuple[Tensor, ...], size: int,
-        out_views: tuple[Tensor | None, ...], nodes: int, nbytes: int,
+        outputs: tuple[Tensor, ...], fresh: tuple[int, ...], nodes: int, nbytes: int,
     ) -> None:
         self.size = size
         self.nodes: int | None = nodes
         self.nbytes = nbytes
+        self.outputs = outputs
         self._gm: fx.GraphModule | None = gm
         self._args = args
-        self._out_views = out_views
+        self._copies = tuple((i, outputs[i]) for i in fresh)
         self._runner: Any = gm
         self.engine = "fx"
 
@@ -177,14 +183,9 @@ class TraceGraph:
         if self._gm is None:
             raise RuntimeError(f"trace graph for size {self.size} was released")
         outs = self._runner(*self._args)
-        result = []
-        for out, view in zip(outs, self._out_views):
-            if view is None:
-                result.append(out)
-            else:
-                view.copy_(out)
-                result.append(view)
-        return tuple(result)
+        for i, view in self._copies:
+            view.copy_(outs[i])
+        return self.outputs
 
     def release(self) -> None:
         """Drop the graph module, views and output buffers it referenced."""
@@ -193,7 +194,8 @@ class TraceGraph:
         self._gm = None
         self._runner = None
         self._args = ()
-        self._out_views = ()
+        self._copies = ()
+        self.outputs = ()
 
 
 class TraceBackend:
@@ -220,18 +222,20 @@ class TraceBackend:
         gm, outs = _trace(fn, args, size)
         _reject_data_dependent(gm, size)
         aliased = _constant_storages(gm) | {_storage_key(a) for a in args}
-        views: list[Tensor | None] = []
+        outputs: list[Tensor] = []
+        fresh: list[int] = []
         nbytes = 0
         for i, out in enumerate(outs):
             key = _storage_key(out)
             if key != 0 and key in aliased:
-                views.append(None)  # a view of a constant or static input: returned as is
+                outputs.append(out)  # a view of a constant or static input: that very memory
                 continue
             buffer, new_bytes = self._buffer_for(i, out)
             nbytes += new_bytes
-            views.append(buffer[:size])
+            outputs.append(buffer[:size])
+            fresh.append(i)
         nodes = count_kernel_nodes(gm)
-        graph = TraceGraph(gm, args, size, tuple(views), nodes, nbytes)
+        graph = TraceGraph(gm, args, size, tuple(outputs), tuple(fresh), nodes, nbytes)
         runner = _script_replay(gm, args) if self.replay_engine == "jit" else None
         if runner is not None:
             graph.use_runner(runner, "jit")

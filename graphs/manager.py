@@ -7,6 +7,11 @@ the larger one's memory). A batch of b rows is copied into the first b rows of t
 static inputs, pad rows are filled, the graph for the smallest captured size >= b
 replays, and outputs come back sliced to b rows. A batch above the largest size runs
 the step eagerly on the inputs as given and never touches the static buffers.
+
+The replay path is prepared once per batch size b (a `_Replay`: the load plan with its
+views and checks, the graph, its counters), built on b's first run and dropped on
+release, so a replay does one dict lookup, the exact-type checks, the copies, the
+replay and the output slices; spans and counters stay.
 """
 
 from __future__ import annotations
@@ -18,19 +23,13 @@ from types import MappingProxyType
 
 from torch import Tensor
 
-from .backends import (
-    CapturedGraph,
-    GraphBackend,
-    check_outputs,
-    flatten_outputs,
-    make_backend,
-    resolve_backend,
-)
+from .backends import make_backend, resolve_backend
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
+from .protocol import CapturedGraph, GraphBackend, check_outputs, flatten_outputs
 from .sizes import padded_size, padding_table
 from .spans import span, suppress_spans
-from .static import PadValue, StaticInputs
+from .static import LoadPlan, PadValue, StaticInputs
 from .stats import ManagerStats, SizeCounters
 
 __all__ = ["GraphCaptureManager", "StepOutput"]
@@ -38,6 +37,32 @@ __all__ = ["GraphCaptureManager", "StepOutput"]
 logger = logging.getLogger(__name__)
 
 StepOutput = Tensor | tuple[Tensor, ...]
+
+
+class _Replay:
+    """Everything a replay of b rows needs, prepared on b's first run (see the module docstring).
+
+    ``result`` is the step's structure over the graph's fixed outputs cut to b rows: the same
+    view objects for every run of b, in memory the next replay overwrites.
+    """
+
+    __slots__ = ("counters", "graph", "load", "pad_rows", "result")
+
+    def __init__(self, load: LoadPlan, graph: CapturedGraph, counters: SizeCounters, single: bool) -> None:
+        self.load = load
+        self.graph = graph
+        self.counters = counters
+        self.pad_rows = load.padded - load.b
+        b = load.b
+        cut = tuple([o[:b] for o in graph.outputs])
+        self.result: StepOutput = cut[0] if single else cut
+
+    def cloned(self) -> StepOutput:
+        """Copies of ``result`` (for ``run(clone=True)``)."""
+        result = self.result
+        if isinstance(result, Tensor):
+            return result.clone()
+        return tuple([o.clone() for o in result])
 
 
 def _check_sizes(capture_sizes: Iterable[int]) -> tuple[int, ...]:
@@ -96,6 +121,8 @@ class GraphCaptureManager:
         self._n_outputs = 0
         self._captured_ptrs: dict[str, int] = {}
         self._captured = False
+        self._first = self._static.names[0]
+        self._plans: dict[int, _Replay] = {}
         self._totals = dict.fromkeys(("captures", "replays", "eager_fallbacks", "eager_runs", "debug_checks"), 0)
 
     # ---- properties -------------------------------------------------------------------
@@ -144,6 +171,11 @@ class GraphCaptureManager:
     def padded_size(self, b: int) -> int | None:
         """Smallest capture size >= b (precomputed table); None above the largest (always for eager)."""
         return padded_size(self._table, b)
+
+    def captured_graph(self, size: int) -> CapturedGraph | None:
+        """The live graph for ``size`` (None if not captured): for introspection and benchmarks;
+        replaying it directly skips loading the batch, so it reads whatever the static rows hold."""
+        return self._graphs.get(size)
 
     def node_count(self, size: int) -> int | None:
         """Kernel-launching nodes of the graph for ``size``; None if not captured or unknown."""
@@ -229,6 +261,7 @@ class GraphCaptureManager:
         self._backend = None
         self._graphs = {}
         self._counters = {}
+        self._plans = {}
         self._captured_ptrs = {}
         self._captured = False
 
@@ -239,12 +272,24 @@ class GraphCaptureManager:
 
         Returns the step's structure (tensor or tuple) sliced to b rows. With
         ``clone=False`` the outputs are views of graph memory that the next replay (of
-        any size) overwrites; ``clone=True`` returns copies. Above the largest size the
+        any size) overwrites, prepared once: every run of b returns the same view objects,
+        so read them or copy from them, never change their metadata in place (``resize_``,
+        ``squeeze_``, ``set_``); ``clone=True`` returns copies. Above the largest size the
         step runs eagerly on ``inputs`` as given (static buffers untouched, counted as
         ``eager_fallbacks``). The eager backend always calls the step directly (no
         padding, ``clone`` ignored, counted as ``eager_runs``). Raises RuntimeError before
         capture (graph backends), ValueError/TypeError for a bad batch.
         """
+        first = inputs.get(self._first) if type(inputs) is dict else None
+        if type(first) is Tensor and first.dim():
+            plan = self._plans.get(first.shape[0])
+            tensors = plan.load.match(inputs) if plan is not None else None
+            if tensors is not None:
+                return self._replay(plan, tensors, clone)
+        return self._run_checked(inputs, clone)
+
+    def _run_checked(self, inputs: Mapping[str, Tensor], clone: bool) -> StepOutput:
+        """``run`` after the full input check: first runs of a size, eager, fallbacks, unusual batches."""
         b = self._static.batch_size(inputs)
         if self._backend_name == "eager":
             self._totals["eager_runs"] += 1
@@ -257,26 +302,37 @@ class GraphCaptureManager:
             self._totals["eager_fallbacks"] += 1
             with span("eager_fallback", bs=b):
                 return self._step(**inputs)
-        with span("replay", bs=b, padded=padded):
-            outs = self._replay(inputs, b, padded)
-            sliced = tuple(o[:b].clone() if clone else o[:b] for o in outs)
-        return sliced[0] if self._single_output else sliced
+        plan = self._plans.get(b)
+        if plan is None:
+            plan = _Replay(self._static.plan(b, padded), self._graphs[padded], self._counters[padded],
+                           self._single_output)
+            self._plans[b] = plan
+        return self._replay(plan, self._static.ordered(inputs), clone)
 
-    def _replay(self, inputs: Mapping[str, Tensor], b: int, padded: int) -> tuple[Tensor, ...]:
-        """Load the batch, replay the graph for ``padded`` (with debug checks) and count it."""
-        self._static.load(inputs, b, padded)
-        self._totals["replays"] += 1
-        counters = self._counters[padded]
-        counters.replays += 1
-        counters.pad_rows += padded - b
-        if not self._debug.enabled:
-            return self._graphs[padded].replay()
+    def _replay(self, plan: _Replay, tensors: tuple[Tensor, ...], clone: bool) -> StepOutput:
+        """Load the checked batch, replay (with debug checks), count it; the prepared b-row outputs."""
+        load = plan.load
+        with span("replay", bs=load.b, padded=load.padded):
+            load.load(tensors)
+            self._totals["replays"] += 1
+            counters = plan.counters
+            counters.replays += 1
+            counters.pad_rows += plan.pad_rows
+            if self._debug.enabled:
+                self._debug_replay(plan)
+            else:
+                plan.graph.replay()
+            return plan.cloned() if clone else plan.result
+
+    def _debug_replay(self, plan: _Replay) -> None:
+        """Replay with the debug checks: static inputs not moved; every Nth, graph == eager."""
         check_data_ptrs(self._captured_ptrs, self._static.data_ptrs())
         if not self._debug.compare_due(self._totals["replays"]):
-            return self._graphs[padded].replay()
+            plan.graph.replay()
+            return
+        padded = plan.load.padded
         clones = self._static.clones(padded)
-        outs = self._graphs[padded].replay()
+        outs = plan.graph.replay()
         eager, _ = flatten_outputs(self._step(**clones))
         self._totals["debug_checks"] += 1
         compare_outputs(outs, eager, padded)
-        return outs

@@ -4,17 +4,24 @@ Every buffer is an input (copied into before each replay). The graphs read the f
 ``size`` rows of each; a batch of b rows is copied into rows [0, b) and rows
 [b, padded) are filled with the input's pad value. The buffers must not be rebound,
 resized or freed while a graph captured over them lives (debug mode checks this).
+
+The replay path is host work a graph exists to remove, so it is prepared once per batch
+size: a `LoadPlan` holds the row views to copy into, the pad views and the exact shape,
+dtype and device every input must have, and `LoadPlan.match` checks a batch against it
+with identity and equality tests only. Anything it does not accept goes to the full
+check (`StaticInputs.batch_size`), which names what is wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-__all__ = ["StaticInputs"]
+__all__ = ["LoadPlan", "StaticInputs"]
 
 PadValue = int | float | bool
 
@@ -33,6 +40,14 @@ def _check_pad_values(names: tuple[str, ...], pad_values: Mapping[str, PadValue]
             raise TypeError(f"pad_values[{name!r}]={value!r}: must be an int, float or bool")
         pads[name] = value
     return pads
+
+
+def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Tensor]], tuple[Tensor, ...]]:
+    """``inputs -> tuple of inputs[name]`` in ``names`` order (itemgetter, a 1-tuple for one name)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    name = names[0]
+    return lambda inputs: (inputs[name],)
 
 
 class StaticInputs:
@@ -54,6 +69,13 @@ class StaticInputs:
         self.names: tuple[str, ...] = tuple(tensors)
         self.tensors: Mapping[str, Tensor] = MappingProxyType(dict(tensors))
         self.pads = _check_pad_values(self.names, pad_values)
+        self._get = _tuple_getter(self.names)
+
+    def plan(self, b: int, padded: int) -> LoadPlan:
+        """The prepared load of a batch of ``b`` rows into a graph of ``padded`` rows."""
+        if not 1 <= b <= padded or padded > min(t.shape[0] for t in self.tensors.values()):
+            raise ValueError(f"plan(b={b}, padded={padded}): need 1 <= b <= padded <= the static rows")
+        return LoadPlan(self, b, padded)
 
     @property
     def device(self) -> torch.device:
@@ -108,10 +130,53 @@ class StaticInputs:
             raise ValueError(f"inputs[{name!r}] is on {t.device}: must be on {ref.device} like the static input")
         return t.shape[0]
 
-    def load(self, inputs: Mapping[str, Tensor], b: int, padded: int) -> None:
-        """Copy the batch into rows [0, b) and fill rows [b, padded) with the pad values."""
-        for name in self.names:
-            static = self.tensors[name]
-            static[:b].copy_(inputs[name])
-            if padded > b:
-                static[b:padded].fill_(self.pads[name])
+    def ordered(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
+        """The batch's tensors in name order (after `batch_size` accepted it)."""
+        return tuple(inputs[n] for n in self.names)
+
+
+class LoadPlan:
+    """One batch size's load, prepared once: row views [0, b), pad views [b, padded) and checks.
+
+    ``match(inputs)`` is the replay path's whole input check: an exact ``dict`` holding the
+    static names and nothing else, each value an exact ``torch.Tensor`` of shape
+    (b, *trailing), the static input's dtype and device. It returns the tensors in name
+    order, or None for anything else (then the caller runs the full check, which either
+    raises naming the problem or accepts an unusual but valid batch, e.g. a tensor
+    subclass or another mapping type).
+    """
+
+    __slots__ = ("_get", "_n", "_specs", "b", "pads", "padded", "rows")
+
+    def __init__(self, static: StaticInputs, b: int, padded: int) -> None:
+        self.b = b
+        self.padded = padded
+        self.rows: tuple[Tensor, ...] = tuple(static.tensors[n][:b] for n in static.names)
+        self.pads: tuple[tuple[Tensor, PadValue], ...] = tuple(
+            (static.tensors[n][b:padded], static.pads[n]) for n in static.names
+        ) if padded > b else ()
+        self._specs = tuple(
+            ((b, *t.shape[1:]), t.dtype, t.device) for t in map(static.tensors.__getitem__, static.names)
+        )
+        self._n = len(static.names)
+        self._get = static._get
+
+    def match(self, inputs: object) -> tuple[Tensor, ...] | None:
+        """The batch's tensors in name order if it passes every check exactly, else None."""
+        if type(inputs) is not dict or len(inputs) != self._n:
+            return None
+        try:
+            tensors = self._get(inputs)
+        except KeyError:
+            return None
+        for t, (shape, dtype, device) in zip(tensors, self._specs):
+            if type(t) is not Tensor or t.shape != shape or t.dtype is not dtype or t.device != device:
+                return None
+        return tensors
+
+    def load(self, tensors: tuple[Tensor, ...]) -> None:
+        """Copy the batch (name order) into rows [0, b) and fill rows [b, padded) with pad values."""
+        for row, t in zip(self.rows, tensors):
+            row.copy_(t)
+        for view, value in self.pads:
+            view.fill_(value)
