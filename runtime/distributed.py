@@ -81,7 +81,7 @@ class CoordinatorStats:
 
 def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     """What must be equal on every rank: worker type, args (device index aside), active spec,
-    capture sizes, graph backend, hidden size and the poll period."""
+    capture sizes, graph backend, hidden size, generation and the poll period."""
     args = worker.args
     out = {"worker": type(worker).__name__, "poll_every": str(poll_every)}
     for f in dataclasses.fields(args):
@@ -92,6 +92,7 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     out["capture_sizes"] = repr(tuple(state.capture_sizes))
     out["backend"] = state.graphs.backend_name if state.graphs is not None else "none"
     out["hidden_size"] = repr(getattr(worker, "hidden_size", None))
+    out["generation"] = str(state.generation)
     return out
 
 

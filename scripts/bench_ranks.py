@@ -87,27 +87,25 @@ def _run_mode(worker, mode: str, poll_every: int, steps: int) -> dict:
 
 
 def _reload_latency(worker, world: int, reps: int) -> dict:
-    """Seconds of the step() carrying a reload (this rank); rank 0 also times a lone reload."""
+    """Seconds of each coordinated reload on this rank (prepare, vote, decision, swap); rank 0
+    also times ``reload`` of the same changes on a separate worker, alone."""
     single = []
     if dist.get_rank() == 0:
+        lone = _worker()
         for i in range(reps):
             start = time.perf_counter()
-            worker.reload(args_for(2 + (i % 2)))
+            lone.reload(args_for(2 + (i % 2)))
             single.append(time.perf_counter() - start)
-        worker.reload(args_for(3))
     dist.barrier()
     coord = RankCoordinator(worker, poll_every=1, timeout_s=60.0, name="bench-reload")
-    across = []
     for i in range(reps):
         if dist.get_rank() == world - 1:
             coord.propose_reload(args_for(2 + (i % 2)))
-        coord.step()  # publishes the proposal; the leader takes it at the next poll
-        dist.barrier()
-        start = time.perf_counter()
-        coord.step()
-        across.append(time.perf_counter() - start)
-        dist.barrier()
-    return {"single_s": single, "across_s": across}
+        while len(coord.history) <= i:  # the proposal is taken at the proposer's next poll or the one after
+            coord.step()
+            dist.barrier()
+    return {"single_s": single, "across_s": [h["seconds"] for h in coord.history],
+            "prepare_s": [h["prepare_s"] for h in coord.history]}
 
 
 def rank_main(rank: int, world: int, steps: int, reps: int) -> dict:
@@ -177,9 +175,11 @@ def main(argv=None):
         rows += _rows(world, per_rank)
         single = per_rank[0]["reload"]["single_s"]
         across = [max(r["reload"]["across_s"][i] for r in per_rank) for i in range(a.reps)]
+        prepare = [max(r["reload"]["prepare_s"][i] for r in per_rank) for i in range(a.reps)]
         reloads.append({"world": world, "store_rtt_us": per_rank[0]["store_rtt_us"],
                         "single_rank_s_median": statistics.median(single),
                         "across_ranks_s_median": statistics.median(across),
+                        "slowest_prepare_s_median": statistics.median(prepare),
                         "ratio": statistics.median(across) / statistics.median(single)})
     cols = ["world", "mode", "poll_every", "draft_step_us", "coord_us_leader", "coord_us_worst",
             "coord_us_mean_worst", "poll_us_leader", "poll_us_worst_other", "overhead_pct", "meets_target"]
