@@ -27,13 +27,44 @@ from .organize import (
     organize_draft_results,
     select_top_k_tokens,
 )
+from .rank_launch import RankLaunchError, spawn_ranks
 from .reload import RELOAD_POLICIES, ReloadError
+from .sglang_adapter import install_chain_buffers
+from .sglang_config import runtime_args_from_sglang
 from .state import DraftCounters, RuntimeState, StateStats
+from .topology import (
+    TopologyBufferCache,
+    TopologyBuffers,
+    TopologyKey,
+    VerifyConstants,
+    static_layout_of,
+)
 from .tree import VerifyTree, build_tree
+from .tree_choices import (
+    DepthPlan,
+    StaticTopology,
+    chain_choices,
+    check_tree_choices,
+    parse_tree_choices,
+)
 from .validation import ConfigTypeError
 from .worker_base import EagleDraftWorkerBase
 
 __all__ = [
+    "DepthPlan",
+    "RankLaunchError",
+    "StaticTopology",
+    "TopologyBufferCache",
+    "TopologyBuffers",
+    "TopologyKey",
+    "VerifyConstants",
+    "chain_choices",
+    "check_tree_choices",
+    "install_chain_buffers",
+    "parse_tree_choices",
+    "runtime_args_from_sglang",
+    "spawn_ranks",
+    "static_layout_of",
     "AdaptiveStepController",
     "ChainBufferCache",
     "ChainBuffers",

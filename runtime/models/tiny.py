@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .draft_input import DraftInput
+from ..draft_input import DraftInput
 
 __all__ = ["TinyDraftModel", "make_draft_input"]
 

@@ -1,0 +1,10 @@
+"""The lossless speculative-decoding engine: the component's first user (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+from .engine import MAX_VERIFY_WIDTH, SpecDecodeEngine
+from .requests import Request
+from .verify import Acceptance, accept_greedy, verify_mask
+
+__all__ = ["Acceptance", "MAX_VERIFY_WIDTH", "Request", "SpecDecodeEngine", "accept_greedy",
+           "verify_mask"]

@@ -1,0 +1,266 @@
+"""`SpecDecodeEngine`: a small, exact speculative-decoding engine with continuous batching.
+
+One `step()` (DESIGN.md §7): admit waiting requests (prefill + draft extend); draft through a
+draftgraph worker; `build_tree`; one target forward over every request's tree (tree mask);
+greedy acceptance; commit the accepted K/V; draft extend over the committed tokens. Every
+emitted token is the target's greedy choice, so the output equals `greedy_generate`'s.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
+
+from ..models.eagle_head import EagleDraftHead
+from ..models.greedy import prefill
+from ..models.multi_layer import MultiLayerDraft
+from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
+from .requests import Request
+from .stats import EngineStats
+from .verify import accept_greedy, verify_mask
+
+__all__ = ["SpecDecodeEngine", "MAX_VERIFY_WIDTH"]
+
+logger = logging.getLogger(__name__)
+
+MAX_VERIFY_WIDTH = 32  # the widest tree (N) a reload may ask for; admission reserves room for it
+DEFAULT_SLOTS = 16
+
+
+class SpecDecodeEngine:
+    """Speculative decoding of ``target`` with ``draft`` (an `EagleDraftHead` or a
+    `MultiLayerDraft`) under ``args``; ``backend`` is the worker's graph backend ("auto",
+    "cuda", "trace") or "eager" (no graphs). ``adaptive_steps``: candidate S values switched by
+    an `AdaptiveStepController` fed the real acceptance (None: fixed S)."""
+
+    def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
+                 adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None) -> None:
+        if not isinstance(args, RuntimeArgs):
+            raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
+        if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
+            raise TypeError(f"target={type(target).__name__}: must be a TargetModel")
+        self.args = args
+        self.target = target
+        self.backend = backend
+        self.eos_id = eos_id
+        self.max_slots = args.max_running_requests or DEFAULT_SLOTS
+        self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
+        draft = copy.deepcopy(draft)  # the engine owns its draft's cache
+        if isinstance(draft, EagleDraftHead):
+            self.drafter: EagleDrafter | MultiLayerDrafter = EagleDrafter(args, draft, self.max_slots + 1)
+        elif isinstance(draft, MultiLayerDraft):
+            self.drafter = MultiLayerDrafter(args, draft, self.max_slots + 1)
+        else:
+            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
+        self._check_spec(args)
+        self.worker = self.drafter.worker
+        if backend != "eager":
+            self.worker.capture_graphs(backend)
+        self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
+        self.controller: AdaptiveStepController | None = self._new_controller()
+        self.stats_ = EngineStats()
+        self._next_id = 0
+        self._waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished: dict[int, Request] = {}
+        self._free = list(range(self.max_slots, 0, -1))
+        self._pending: tuple[RuntimeArgs, str] | None = None
+
+    # ---- configuration -----------------------------------------------------------------------
+    def _check_spec(self, args: RuntimeArgs) -> None:
+        spec = args.speculative
+        if spec.topk > KEEP_TOPK:
+            raise ValueError(f"speculative.topk={spec.topk}: the engine keeps {KEEP_TOPK} candidates")
+        if spec.num_draft_tokens > MAX_VERIFY_WIDTH:
+            raise ValueError(f"speculative.num_draft_tokens={spec.num_draft_tokens}: the engine "
+                             f"verifies at most {MAX_VERIFY_WIDTH} tokens per request")
+
+    def _new_controller(self) -> AdaptiveStepController | None:
+        if not self._adaptive_steps:
+            return None
+        spec = self.worker.spec
+        cands: list[Any] = list(self._adaptive_steps) if spec.is_chain else [
+            (s, spec.num_draft_tokens) for s in self._adaptive_steps
+            if spec.num_draft_tokens - 1 <= spec.topk + (s - 1) * spec.topk ** 2]
+        if not cands:
+            return None
+        capture = [] if self.backend == "eager" else None
+        backend = "auto" if self.backend == "eager" else self.backend
+        return AdaptiveStepController(self.worker, cands, capture_bs=capture, backend=backend)
+
+    def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
+        """Validate now; reload at the start of the next step (safe from a signal handler)."""
+        if not isinstance(new_args, RuntimeArgs):
+            raise TypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
+        self._check_spec(new_args)
+        if isinstance(self.drafter, MultiLayerDrafter) and not new_args.speculative.is_chain:
+            raise ValueError(f"speculative.topk={new_args.speculative.topk}: the multi-layer draft "
+                             f"drafts a chain (topk must be 1)")
+        self._pending = (new_args, policy)
+
+    def _apply_reload(self) -> None:
+        new_args, policy = self._pending
+        self._pending = None
+        if self.controller is not None:
+            self.controller.release()
+        try:
+            self.worker.reload(new_args, policy)
+        except (ReloadError, ValueError) as exc:
+            logger.error("reload rejected, the previous state keeps serving: %s", exc)
+            self.stats_.reloads.append({"ok": False, "error": str(exc), "step": self.stats_.steps})
+        else:
+            self.args = new_args
+            self.stats_.reloads.append({"ok": True, "step": self.stats_.steps,
+                                        **self.worker.reload_history[-1]})
+        self.controller = self._new_controller()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
+        """Queue a request; returns its id. Ids must be ints in [0, vocab)."""
+        v, limit = self.target.cfg.vocab_size, self.target.cfg.max_len
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
+        ids = list(prompt_ids)
+        if not ids:
+            raise ValueError("prompt_ids=[]: a prompt needs at least one token")
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v:
+                raise ValueError(f"prompt_ids[{i}]={t!r}: token ids must be ints in [0, {v})")
+        if len(ids) + max_new_tokens + MAX_VERIFY_WIDTH > limit:
+            raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
+                             f"{MAX_VERIFY_WIDTH} positions of max_len={limit} for the verify tree")
+        rid = self._next_id
+        self._next_id += 1
+        self._waiting.append(Request(rid, ids, max_new_tokens))
+        return rid
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self.running)
+
+    def result(self, rid: int) -> list[int]:
+        """Tokens generated so far for ``rid`` (finished or running)."""
+        if rid in self._finished:
+            return list(self._finished[rid].output)
+        for r in (*self.running, *self._waiting):
+            if r.rid == rid:
+                return list(r.output)
+        raise KeyError(f"request id {rid!r}: unknown")
+
+    @torch.no_grad()
+    def _admit(self) -> None:
+        while self._waiting and self._free:
+            req = self._waiting.popleft()
+            req.slot = self._free.pop()
+            logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
+            req.seq_len = len(req.prompt)
+            req.bonus = int(logits[-1].argmax())
+            req.emit([req.bonus], self.eos_id)
+            self.stats_.tokens_generated += len(req.output)
+            if req.done:
+                self._finish(req)
+                continue
+            self.drafter.prefill(req, hidden)
+            self.running.append(req)
+
+    def _finish(self, req: Request) -> None:
+        self._free.append(req.slot)
+        self._finished[req.rid] = req
+        self.stats_.requests_finished += 1
+
+    # ---- the step ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        """One engine step; returns the ids of requests that finished in it."""
+        st = self.stats_
+        if self._pending is not None:
+            self._apply_reload()
+        before = set(self._finished)
+        with st.timed("admit"):
+            self._admit()
+        reqs = self.running
+        if not reqs:
+            return sorted(set(self._finished) - before)
+        st.steps += 1
+        spec = self.worker.spec
+        b, n = len(reqs), spec.num_draft_tokens
+        dev = self.cache.k[0].device
+        with st.timed("draft"):
+            parent_list, top_idx, draft_tokens = self.drafter.draft(reqs)
+        with st.timed("build_tree"):
+            lens = torch.tensor([r.seq_len for r in reqs], device=dev)
+            bonus = torch.tensor([r.bonus for r in reqs], device=dev)
+            tree = build_tree(bonus, parent_list, top_idx, draft_tokens, lens, spec.topk,
+                              spec.num_steps, n)
+        with st.timed("verify"):
+            slots = torch.tensor([r.slot for r in reqs], device=dev)
+            write = lens[:, None] + torch.arange(n, device=dev)[None]
+            mask = verify_mask(tree, lens, int(lens.max()) + n)
+            logits, hidden = self.target(tree.tokens.view(b, n), tree.positions.view(b, n), write,
+                                         slots, mask, self.cache)
+        with st.timed("accept_commit"):
+            acc = accept_greedy(tree, logits.argmax(-1))
+            self._commit(reqs, acc)
+        with st.timed("extend"):
+            alive = [i for i, r in enumerate(reqs) if not r.done]
+            if alive:
+                self.drafter.extend(reqs, hidden, acc, lens.tolist(), alive)
+        st.verify_steps += 1
+        st.request_verifies += b
+        st.batch_sizes[b] = st.batch_sizes.get(b, 0) + 1
+        for r in reqs:
+            if r.done:
+                self._finish(r)
+        self.running = [r for r in reqs if not r.done]
+        if self.controller is not None:
+            with st.timed("adapt"):
+                self.controller.step(sum(len(p) - 1 for p in acc.paths) / b)
+        return sorted(set(self._finished) - before)
+
+    def _commit(self, reqs: list[Request], acc: Any) -> None:
+        """Move accepted K/V to consecutive positions, advance seq_len, emit tokens."""
+        slots, src, dst = [], [], []
+        st = self.stats_
+        for r, path, toks in zip(reqs, acc.paths, acc.tokens):
+            for depth, node in enumerate(path):
+                if node != depth:
+                    slots.append(r.slot)
+                    src.append(r.seq_len + node)
+                    dst.append(r.seq_len + depth)
+            r.seq_len += len(path)
+            r.bonus = toks[-1]
+            r.verify_steps += 1
+            r.accepted += len(path)
+            st.committed += len(path)
+            before = len(r.output)
+            r.emit(toks, self.eos_id)
+            st.tokens_generated += len(r.output) - before
+        if slots:
+            dev = self.cache.k[0].device
+            self.cache.move(torch.tensor(slots, device=dev), torch.tensor(src, device=dev),
+                            torch.tensor(dst, device=dev))
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """Generate for every prompt (continuous batching); outputs in prompt order."""
+        ids = [self.add_request(p, max_new_tokens) for p in prompts]
+        while self.has_work():
+            self.step()
+        return [self.result(i) for i in ids]
+
+    # ---- report --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Engine figures plus the worker's counters and per-state statistics."""
+        c = self.worker.counters.as_dict()
+        out = self.stats_.as_dict()
+        out.update(graph_replays=c["graph_replays"], eager_fallbacks=c["graph_eager_fallbacks"],
+                   eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
+                   worker=c, spec=list(self.worker.spec.key), backend=self.backend,
+                   steps_per_state=dict(self.controller.steps_per_state) if self.controller else {},
+                   state=self.worker.state.describe())
+        return out

@@ -1,0 +1,45 @@
+"""Engine counters and per-stage timings (host wall time), reported by `SpecDecodeEngine.stats`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["EngineStats"]
+
+STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
+
+
+@dataclass
+class EngineStats:
+    """What the decode loop did: steps, tokens, acceptance, stage seconds."""
+
+    steps: int = 0
+    verify_steps: int = 0
+    request_verifies: int = 0  # sum over verify steps of the batch size
+    committed: int = 0  # tokens committed by verifies (accepted drafts + bonus)
+    tokens_generated: int = 0
+    requests_finished: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    reloads: list[dict] = field(default_factory=list)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[stage] += time.perf_counter() - start
+
+    @property
+    def accept_length_mean(self) -> float:
+        """Tokens committed per request per verify step, bonus included (1.0 = no draft accepted)."""
+        return self.committed / self.request_verifies if self.request_verifies else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["accept_length_mean"] = self.accept_length_mean
+        return d

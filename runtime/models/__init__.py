@@ -1,0 +1,28 @@
+"""Embedded default models: byte tokenizer, a small Llama-style target, an EAGLE draft head,
+a multi-layer (MTP-style) draft, first-use training with a cache, and the greedy reference.
+
+`TinyDraftModel` / `make_draft_input` are the component's small test model and input maker.
+"""
+
+from __future__ import annotations
+
+from .defaults import default_models, model_cache_dir
+from .eagle_head import EagleDraftHead
+from .greedy import greedy_generate
+from .multi_layer import MultiLayerDraft
+from .target import TargetModel
+from .tiny import TinyDraftModel, make_draft_input
+from .tokenizer import ByteTokenizer, default_tokenizer
+
+__all__ = [
+    "ByteTokenizer",
+    "EagleDraftHead",
+    "MultiLayerDraft",
+    "TargetModel",
+    "TinyDraftModel",
+    "default_models",
+    "default_tokenizer",
+    "greedy_generate",
+    "make_draft_input",
+    "model_cache_dir",
+]

@@ -1,0 +1,68 @@
+"""The plain target-only reference: greedy decoding, one token per forward, no speculation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .target import TargetModel
+
+__all__ = ["greedy_generate", "prefill"]
+
+
+def _check_prompts(model: TargetModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
+    v, limit = model.vocab_size, model.cfg.max_len
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}]: empty; a prompt needs at least one token")
+        bad = [t for t in p if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v]
+        if bad:
+            raise ValueError(f"prompts[{i}] has token {bad[0]!r}: ids must be ints in [0, {v})")
+        if len(p) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompts[{i}]: {len(p)} prompt + {max_new_tokens} new tokens exceed max_len={limit}"
+            )
+
+
+@torch.no_grad()
+def prefill(model: TargetModel, cache, slot: int, prompt: Sequence[int]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a prompt into ``slot`` (causal): (logits [T, V], hidden [T, d])."""
+    dev = model.embed.weight.device
+    t = len(prompt)
+    tokens = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
+    pos = torch.arange(t, device=dev).unsqueeze(0)
+    mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril().unsqueeze(0)
+    logits, hidden = model(tokens, pos, pos, torch.tensor([slot], device=dev), mask, cache)
+    return logits[0], hidden[0]
+
+
+@torch.no_grad()
+def greedy_generate(target: TargetModel, prompts: Sequence[Sequence[int]],
+                    max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each.
+
+    Prompts are prefilled one by one, then decoded together one token per forward."""
+    _check_prompts(target, prompts, max_new_tokens)
+    dev = target.embed.weight.device
+    b = len(prompts)
+    cache = target.new_cache(b + 1)
+    out: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        logits, _ = prefill(target, cache, i + 1, p)
+        out.append([int(logits[-1].argmax())])
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    slots = torch.arange(1, b + 1, device=dev)
+    last = torch.tensor([o[0] for o in out], device=dev)
+    for _ in range(max_new_tokens - 1):
+        lk = int(lens.max()) + 1
+        mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
+        logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
+        last = logits[:, 0].argmax(-1)
+        lens = lens + 1
+        for o, t in zip(out, last.tolist()):
+            o.append(t)
+    return out
