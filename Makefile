@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) scripts/demo_serving.py
+	$(VENV)/bin/draftgraph simulate
 
 bench: $(STAMP)
 	$(PY) scripts/bench_all.py

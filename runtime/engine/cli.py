@@ -1,0 +1,188 @@
+"""The `draftgraph` command: simulate (a serving loop), generate, info, bench.
+
+Bad flags and bad values exit 2 with one line naming the field; a bad reload file during
+`simulate` is reported and the loop keeps serving the previous state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from draftgraph.graphs import capture_batch_sizes, record_spans, resolve_backend
+from draftgraph.runtime import (
+    CudaGraphConfig,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    chain_capacity,
+    load_runtime_args,
+    parse_tree_choices,
+)
+
+from .simulate import SimulationConfig, run_simulation
+
+__all__ = ["main", "build_args"]
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", dest="num_steps", type=int, default=3, help="draft steps S")
+    p.add_argument("--topk", type=int, default=1, help="k (1: a chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="N (verify width)")
+    p.add_argument("--tree-choices", default=None, help='static tree, e.g. "[[0],[1],[0,0]]"')
+    p.add_argument("--max-bs", type=int, default=8, help="cuda_graph_config.decode.max_bs")
+    p.add_argument("--max-running", type=int, default=8, help="max_running_requests (slots)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "trace", "eager"])
+    p.add_argument("--draft", default="eagle", choices=["eagle", "multi_layer"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_args(ns: argparse.Namespace) -> RuntimeArgs:
+    """RuntimeArgs from the spec flags (validated: errors name the field)."""
+    choices = parse_tree_choices(ns.tree_choices) if ns.tree_choices else None
+    spec = SpeculativeConfig(ns.num_steps, ns.topk, ns.num_draft_tokens, tree_choices=choices)
+    return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=ns.max_bs)),
+                       max_running_requests=ns.max_running)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="draftgraph", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sim = sub.add_parser("simulate", help="a long-running serving loop with a final report")
+    _spec_flags(sim)
+    sim.add_argument("--requests", type=int, default=24)
+    sim.add_argument("--max-loop-steps", type=int, default=2000)
+    sim.add_argument("--arrival", type=float, default=0.5, help="requests arriving per step")
+    sim.add_argument("--adaptive", default="1,2,3,4,5", help="candidate S values ('' = off)")
+    sim.add_argument("--reload-at", type=int, default=None)
+    sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
+    sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
+    sim.add_argument("--json", action="store_true", help="print the report as JSON")
+    sim.add_argument("--profile", default=None, metavar="DIR", help="write a torch-profiler trace")
+    gen = sub.add_parser("generate", help="continue a text and compare with greedy")
+    gen.add_argument("text")
+    _spec_flags(gen)
+    gen.add_argument("--max-new-tokens", type=int, default=96)
+    info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
+    _spec_flags(info)
+    sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
+    return ap
+
+
+def _info(ns: argparse.Namespace) -> int:
+    args = build_args(ns)
+    out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
+                           "num_draft_tokens": args.speculative.num_draft_tokens,
+                           "tree_choices": args.speculative.tree_choices},
+           "max_running_requests": args.max_running_requests, "decode_max_bs": args.decode.max_bs,
+           "capture_sizes": capture_batch_sizes(args.decode, limit=args.max_running_requests),
+           "chain_capacity": chain_capacity(args),
+           "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from ..models import default_models, default_tokenizer, greedy_generate
+    from .engine import SpecDecodeEngine
+
+    args = build_args(ns)
+    tok = default_tokenizer()
+    target, draft = default_models(seed=ns.seed, draft=ns.draft)
+    ids = tok.encode(ns.text)
+    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend)
+    start = time.perf_counter()
+    out = engine.generate([ids], ns.max_new_tokens)[0]
+    spec_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ref = greedy_generate(target, [ids], ns.max_new_tokens)[0]
+    greedy_s = time.perf_counter() - start
+    print(ns.text + tok.decode(out))
+    st = engine.stats()
+    print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
+          f"speedup {greedy_s / spec_s:.2f}x over greedy ({len(out) / spec_s:.0f} vs "
+          f"{len(ref) / greedy_s:.0f} tokens/s), identical to greedy: {out == ref}")
+    return 0
+
+
+def _bench() -> int:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_all.py"
+    if not script.exists():
+        print(f"draftgraph: error: {script} not found (run from a source checkout)", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script)])
+
+
+def _simulate(ns: argparse.Namespace) -> int:
+    args = build_args(ns)
+    adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
+    if ns.reload_at is not None and not ns.reload_config:
+        raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
+    cfg = SimulationConfig(args=args, draft=ns.draft, backend=ns.backend, seed=ns.seed,
+                           requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
+                           max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
+                           reload_config=ns.reload_config, greedy=not ns.no_greedy,
+                           profile_dir=ns.profile, progress=not ns.json)
+    with record_spans() as spans:
+        report = run_simulation(cfg, sighup=signal.SIGHUP)
+    report["spans"] = _span_summary(spans)
+    if ns.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_report(report)
+    return 0
+
+
+def _span_summary(spans: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in spans:
+        name = getattr(s, "name", None) or (s[0] if isinstance(s, tuple) else str(s))
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
+            ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
+            ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
+            ("speedup", f"{r.get('speedup', float('nan')):.2f}x"),
+            ("identical to greedy", r.get("lossless")),
+            ("accept length (mean)", f"{r['accept_length_mean']:.2f}"),
+            ("verify steps", r["verify_steps"]), ("steps per state", r["steps_per_state"]),
+            ("graph replays / eager fallbacks", f"{r['graph_replays']} / {r['eager_fallbacks']}"),
+            ("fast-path hits", r["fast_path_hits"]), ("padding rows", r["pad_rows"]),
+            ("capture", f"{r['capture_s']:.2f} s"), ("reloads", r["reloads"]),
+            ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
+            ("spans", r["spans"])]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `draftgraph` console script."""
+    ap = _parser()
+    ns = ap.parse_args(argv)
+    try:
+        if ns.cmd == "info":
+            return _info(ns)
+        if ns.cmd == "generate":
+            return _generate(ns)
+        if ns.cmd == "bench":
+            return _bench()
+        return _simulate(ns)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"draftgraph: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

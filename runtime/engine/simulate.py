@@ -1,0 +1,163 @@
+"""`draftgraph simulate`: seeded requests arrive over time into a `SpecDecodeEngine` (so the batch
+size varies), adaptive switching on, a reload at a given step and on SIGHUP; then the same
+requests through target-only greedy decoding for the speedup and the lossless check."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import signal as _signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from draftgraph.runtime import RuntimeArgs, load_runtime_args
+
+from ..models import default_models, greedy_generate
+from ..models.corpus import held_out_prompts
+from .engine import SpecDecodeEngine
+
+__all__ = ["SimulationConfig", "run_simulation"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """What `run_simulation` serves and how."""
+
+    args: RuntimeArgs
+    draft: str = "eagle"
+    backend: str = "auto"
+    seed: int = 0
+    requests: int = 24
+    arrival: float = 0.5
+    adaptive_steps: tuple[int, ...] = (1, 2, 3, 4, 5)
+    max_loop_steps: int = 2000
+    min_new: int = 16
+    max_new: int = 96
+    reload_at: int | None = None
+    reload_config: str | None = None
+    greedy: bool = True
+    profile_dir: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise ValueError(f"requests={self.requests}: must be >= 1")
+        if not 0.0 < self.arrival:
+            raise ValueError(f"arrival={self.arrival}: must be > 0 (requests per step)")
+
+
+def _rss_mib() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _reload_from(engine: SpecDecodeEngine, path: str, why: str) -> None:
+    """Load the args file and queue a reload; a bad file is reported and serving continues."""
+    try:
+        engine.request_reload(load_runtime_args(path))
+        logger.info("reload from %s queued (%s)", path, why)
+    except (ValueError, TypeError) as exc:
+        print(f"draftgraph: reload rejected ({why}), still serving the previous state: {exc}",
+              file=sys.stderr)
+
+
+def _profiler(out_dir: str | None) -> Any:
+    if not out_dir:
+        return contextlib.nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU])
+
+
+def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP) -> dict[str, Any]:
+    """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI)."""
+    rss0 = _rss_mib()
+    target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
+    rng = random.Random(cfg.seed)
+    prompts = [list(p) for p in held_out_prompts(cfg.requests, seed=cfg.seed + 100)]
+    max_new = [rng.randint(cfg.min_new, cfg.max_new) for _ in prompts]
+    arrivals, t = [], 0.0
+    for _ in prompts:
+        arrivals.append(int(t))
+        t += rng.expovariate(cfg.arrival)
+    engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
+                              adaptive_steps=cfg.adaptive_steps or None)
+    rss_setup = _rss_mib() - rss0
+    old = None
+    if sighup is not None and cfg.reload_config:
+        old = _signal.signal(sighup, lambda s, f: _reload_from(engine, cfg.reload_config, "SIGHUP"))
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(max_new), desc="draftgraph simulate", unit="tok", file=sys.stderr)
+    ids: list[int] = []
+    nxt, step = 0, 0
+    rss1 = _rss_mib()
+    start = time.perf_counter()
+    try:
+        with _profiler(cfg.profile_dir) as prof:
+            while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
+                while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
+                    ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
+                    nxt += 1
+                if cfg.reload_at is not None and step == cfg.reload_at:
+                    _reload_from(engine, cfg.reload_config, f"--reload-at {step}")
+                before = engine.stats_.tokens_generated
+                engine.step()
+                if bar is not None:
+                    bar.update(engine.stats_.tokens_generated - before)
+                step += 1
+        loop_s = time.perf_counter() - start
+        if prof is not None:
+            import os
+            os.makedirs(cfg.profile_dir, exist_ok=True)
+            prof.export_chrome_trace(os.path.join(cfg.profile_dir, "trace.json"))
+    finally:
+        if bar is not None:
+            bar.close()
+        if old is not None:
+            _signal.signal(sighup, old)
+    rss_loop = _rss_mib() - rss1
+    outs = [engine.result(i) for i in ids]
+    st = engine.stats()
+    report: dict[str, Any] = {
+        "requests": len(ids), "loop_steps": step, "requested_tokens": sum(max_new[:len(ids)]),
+        "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
+        "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
+        "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
+        "steps_per_state": st["steps_per_state"], "graph_replays": st["graph_replays"],
+        "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
+        "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"],
+        "pad_rows": engine.worker.state.stats.pad_rows, "capture_s": engine.worker.state.stats.capture_s,
+        "reloads": st["reloads"], "worker": st["worker"], "stage_s": st["stage_s"],
+        "spec": st["spec"], "backend": engine.worker.state.graphs.backend_name
+        if engine.worker.state.graphs is not None else "eager",
+        "rss_setup_mib": rss_setup, "rss_loop_mib": rss_loop, "torch": torch.__version__,
+    }
+    if cfg.greedy:
+        report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
+                                       cfg.args.max_running_requests or 8))
+        report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
+    return report
+
+
+def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
+                     outs: list[list[int]], batch: int) -> dict[str, Any]:
+    """Target-only greedy on the same requests, in arrival order, ``batch`` at a time."""
+    start = time.perf_counter()
+    same = True
+    tokens = 0
+    for i in range(0, len(prompts), batch):
+        group = range(i, min(i + batch, len(prompts)))
+        ref = greedy_generate(target, [prompts[j] for j in group], max(max_new[j] for j in group))
+        for j, r in zip(group, ref):
+            tokens += max_new[j]
+            same &= r[:max_new[j]] == outs[j]
+    s = time.perf_counter() - start
+    return {"greedy_s": s, "greedy_tokens_per_s": tokens / s, "lossless": same}
