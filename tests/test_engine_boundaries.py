@@ -1,0 +1,66 @@
+"""Bad ids stop at the boundary; pad rows never touch a live request's KV; acceptance is real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_support import models
+
+from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.models import greedy_generate
+from draftgraph.runtime.models.corpus import held_out_prompts
+
+
+def _engine(backend="eager", bs=(4, 8), spec=SpeculativeConfig(3, 1)):
+    target, head = models("eagle")
+    args = RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=bs)), max_running_requests=8)
+    return SpecDecodeEngine(args, target, head, backend=backend)
+
+
+@pytest.mark.parametrize("bad,frag", [([1, 2, 300], r"prompt_ids\[2\]=300"),
+                                      ([-1], r"prompt_ids\[0\]=-1"),
+                                      ([1, 2.0], r"prompt_ids\[1\]=2.0"),
+                                      ([], "at least one token")])
+def test_bad_prompt_ids_rejected_at_add_request(bad, frag):
+    engine = _engine()
+    with pytest.raises(ValueError, match=frag):
+        engine.add_request(bad, 4)
+    assert not engine.has_work()
+
+
+def test_too_long_request_rejected():
+    engine = _engine()
+    with pytest.raises(ValueError, match="max_len"):
+        engine.add_request([65] * 400, 200)
+
+
+def test_pad_rows_never_touch_live_kv():
+    engine = _engine(backend="auto")
+    for p in held_out_prompts(3, seed=9):
+        engine.add_request(list(p), 40)
+    engine.step()  # admit and run one step: 3 live requests, replayed at padded size 4
+    reqs = engine.running
+    assert len(reqs) == 3
+    draft_cache = engine.drafter.head.cache
+    before = [[t[r.slot].clone() for t in (*draft_cache.k, *draft_cache.v, *engine.cache.k, *engine.cache.v)]
+              for r in reqs]
+    replays = engine.worker.counters.graph_replays
+    for _ in range(3):
+        engine.drafter.draft(reqs)
+    assert engine.worker.counters.graph_replays == replays + 3
+    assert engine.worker.state.stats.pad_rows >= 3
+    after = [[t[r.slot] for t in (*draft_cache.k, *draft_cache.v, *engine.cache.k, *engine.cache.v)]
+             for r in reqs]
+    for b, a in zip(before, after):
+        assert all(torch.equal(x, y) for x, y in zip(b, a))
+
+
+def test_acceptance_on_held_out_prompts():
+    target, head = models("eagle")
+    prompts = [list(p) for p in held_out_prompts(8, seed=21)]
+    args = RuntimeArgs(SpeculativeConfig(3, 1), max_running_requests=8)
+    engine = SpecDecodeEngine(args, target, head, backend="eager")
+    out = engine.generate(prompts, 48)
+    assert out == greedy_generate(target, prompts, 48)
+    assert engine.stats()["accept_length_mean"] >= 2.5
