@@ -1,0 +1,64 @@
+"""The `draftgraph` command end to end, as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from engine_support import models
+
+CLI = [sys.executable, "-m", "draftgraph.runtime.engine.cli"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trained():
+    models("eagle")  # train (or load) once in this process; the subprocess loads the cache
+
+
+def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_simulate_json_with_bad_reload_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"speculative": {"num_steps": 0, "topk": 1}}')
+    p = _run("simulate", "--requests", "6", "--json", "--max-bs", "4", "--adaptive", "2,3",
+             "--reload-at", "3", "--reload-config", str(bad))
+    assert p.returncode == 0, p.stderr
+    assert "reload rejected" in p.stderr and "num_steps" in p.stderr
+    r = json.loads(p.stdout)
+    assert r["tokens_generated"] == r["requested_tokens"]
+    assert r["lossless"] is True
+    assert 1.0 <= r["accept_length_mean"] <= 4.0
+    assert r["graph_replays"] + r["eager_steps"] == r["verify_steps"]
+    assert r["speedup"] > 0 and r["greedy_tokens_per_s"] > 0
+    assert "replay" in r["spans"] or "eager_fallback" in r["spans"]
+
+
+def test_simulate_reload_applies(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text('{"speculative": {"num_steps": 2, "topk": 2, "num_draft_tokens": 4},'
+                    ' "max_running_requests": 8}')
+    p = _run("simulate", "--requests", "5", "--json", "--backend", "eager", "--adaptive", "",
+             "--reload-at", "2", "--reload-config", str(good))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert [x["ok"] for x in r["reloads"]] == [True]
+    assert r["spec"][:3] == [2, 2, 4] and r["lossless"] is True
+
+
+@pytest.mark.parametrize("argv,frag", [(["simulate", "--no-such-flag"], "unrecognized"),
+                                       (["info", "--topk", "0"], "topk=0"),
+                                       (["info", "--tree-choices", "[[1]]", "--topk", "1"], "tree_choices")])
+def test_bad_flags_exit_2(argv, frag):
+    p = _run(*argv, timeout=120)
+    assert p.returncode == 2
+    assert frag in p.stderr
+
+
+def test_generate_prints_text_and_speedup():
+    p = _run("generate", "def main():\n    ", "--max-new-tokens", "24", "--backend", "eager")
+    assert p.returncode == 0, p.stderr
+    assert "identical to greedy: True" in p.stdout and "speedup" in p.stdout
