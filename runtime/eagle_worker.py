@@ -18,6 +18,7 @@ import torch
 from draftgraph.graphs import span
 
 from .config import RuntimeArgs
+from .draft_checks import check_draft_values, debug_checks_enabled
 from .draft_input import unpack_draft_input
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
@@ -48,6 +49,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self.draft_model = draft_model
         self.hidden_size = hidden
         self.hidden_dtype = _model_dtype(draft_model)
+        self.vocab_size = getattr(draft_model, "vocab_size", None)
+        self.debug_checks = debug_checks_enabled()  # DRAFTGRAPH_DEBUG=1: ids and NaN checked per step
         self.last_state: RuntimeState | None = None  # the state the latest step ran under
         super().__init__(args)
 
@@ -76,6 +79,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         with self._lock:
             state = self._state
             self._check_input(state, topk_index, hidden)  # against the state that will run
+            if self.debug_checks:
+                check_draft_values(topk_p, topk_index, hidden, self.vocab_size)
             self.last_state = state
             state.stats.steps += 1
             graphs = state.graphs
