@@ -1,0 +1,119 @@
+"""Engine benchmark: tokens/s of target-only greedy vs speculative decoding (chain S=1..5, a
+dynamic tree, a static tree, the multi-layer draft), graphs vs eager, at 1, 4 and 16 concurrent
+requests, with acceptance length; and the cost of one target forward (1 and N tokens) vs one
+draft forward. One process, configurations interleaved per round; JSON and a table."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from benchutil import emit
+
+from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.models import default_models, greedy_generate
+from draftgraph.runtime.models.corpus import held_out_prompts
+from draftgraph.runtime.models.greedy import prefill
+
+STATIC = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+
+
+def _configs(quick: bool) -> list[tuple[str, str, SpeculativeConfig, str]]:
+    chains = (1, 3) if quick else (1, 2, 3, 4, 5)
+    out = [(f"chain S={s}", "eagle", SpeculativeConfig(s, 1), b) for s in chains for b in ("eager", "auto")]
+    out += [("dynamic S=3 k=2 N=6", "eagle", SpeculativeConfig(3, 2, 6), "eager"),
+            ("static N=7", "eagle", SpeculativeConfig(3, 2, tree_choices=STATIC), "eager"),
+            ("multi-layer S=3", "multi_layer", SpeculativeConfig(3, 1), "eager")]
+    return out
+
+
+def _forward_costs(target, head, n: int = 4, reps: int = 30) -> dict[str, float]:
+    """Seconds of one target forward over 1 and n tokens and one draft forward, b=1."""
+    cache = target.new_cache(2)
+    prompt = list(held_out_prompts(1, seed=3)[0])
+    prefill(target, cache, 1, prompt)
+    L = len(prompt)
+    slots = torch.tensor([1])
+
+    def tgt(t: int):
+        pos = torch.arange(L, L + t)[None]
+        mask = torch.ones(1, t, L + t, dtype=torch.bool)
+        return lambda: target(torch.zeros(1, t, dtype=torch.long), pos, pos, slots, mask, cache)
+
+    head.allocate_cache(2)
+    state = head.initial_state(torch.zeros(1, head.cfg.dim), torch.tensor([1]), torch.tensor([L]))
+    fns = {"target_1": tgt(1), f"target_{n}": tgt(n),
+           "draft_1": lambda: head(torch.tensor([5]), state)}
+    out = {}
+    with torch.no_grad():
+        for name, fn in fns.items():
+            fn()
+            samples = []
+            for _ in range(reps):
+                s = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - s)
+            out[name] = statistics.median(samples)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int, default=None)
+    a = p.parse_args(argv)
+    rounds = a.rounds or (1 if a.quick else 3)
+    max_new = 32 if a.quick else 64
+    models = {k: default_models(draft=k) for k in ("eagle", "multi_layer")}
+    target = models["eagle"][0]
+    rows = []
+    for conc in ((1, 4) if a.quick else (1, 4, 16)):
+        prompts = [list(x) for x in held_out_prompts(conc, seed=40 + conc)]
+        args_for = lambda spec: RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=16)),  # noqa: E731
+                                            max_running_requests=16)
+        engines = {f"{name}|{be}": SpecDecodeEngine(args_for(spec), target, models[d][1], backend=be)
+                   for name, d, spec, be in _configs(a.quick)}
+        times: dict[str, list[float]] = {"greedy": []}
+        accept: dict[str, float] = {}
+        ref = None
+        for _ in range(rounds):
+            s = time.perf_counter()
+            ref = greedy_generate(target, prompts, max_new)
+            times["greedy"].append(time.perf_counter() - s)
+            for key, eng in engines.items():
+                s = time.perf_counter()
+                out = eng.generate(prompts, max_new)
+                times.setdefault(key, []).append(time.perf_counter() - s)
+                if out != ref:
+                    raise AssertionError(f"{key} differs from greedy")
+                accept[key] = eng.stats()["accept_length_mean"]
+        tokens = conc * max_new
+        g = statistics.median(times["greedy"])
+        rows.append({"requests": conc, "config": "greedy", "backend": "-", "tokens_per_s": tokens / g,
+                     "speedup": 1.0, "accept_length": 1.0})
+        for key, ts in times.items():
+            if key == "greedy":
+                continue
+            name, be = key.split("|")
+            t = statistics.median(ts)
+            rows.append({"requests": conc, "config": name, "backend": be, "tokens_per_s": tokens / t,
+                         "speedup": g / t, "accept_length": accept[key]})
+    costs = _forward_costs(target, models["eagle"][1])
+    chain3 = [r for r in rows if r["requests"] == 1 and r["config"] == "chain S=3"]
+    best = max(r["speedup"] for r in chain3)
+    extra = {"forward_costs_s": costs,
+             "target_1_over_draft_1": costs["target_1"] / costs["draft_1"],
+             "target": {"chain S=3, 1 request, faster backend >= 1.3x greedy": best >= 1.3,
+                        "best_speedup": best}}
+    return emit("bench_engine", rows, ["requests", "config", "backend", "tokens_per_s", "speedup",
+                                       "accept_length"], extra, a.json)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    sys.exit(0)
