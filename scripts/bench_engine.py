@@ -11,8 +11,8 @@ import sys
 import time
 
 import torch
-from benchutil import emit
 
+from benchutil import emit
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models, greedy_generate

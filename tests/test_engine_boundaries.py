@@ -12,9 +12,9 @@ from draftgraph.runtime.models import greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
 
 
-def _engine(backend="eager", bs=(4, 8), spec=SpeculativeConfig(3, 1)):
+def _engine(backend="eager", bs=(4, 8)):
     target, head = models("eagle")
-    args = RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=bs)), max_running_requests=8)
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=bs)), max_running_requests=8)
     return SpecDecodeEngine(args, target, head, backend=backend)
 
 

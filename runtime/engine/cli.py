@@ -23,7 +23,6 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
     chain_capacity,
-    load_runtime_args,
     parse_tree_choices,
 )
 
