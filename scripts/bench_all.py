@@ -9,7 +9,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-BENCHES = ("bench_engine", "bench_organize", "bench_graphs", "bench_replay", "bench_reload", "bench_topology", "bench_ranks")
+BENCHES = ("bench_engine", "bench_organize", "bench_graphs", "bench_replay", "bench_reload",
+           "bench_topology", "bench_ranks")
 
 
 def main() -> int:
