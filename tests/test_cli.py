@@ -62,3 +62,15 @@ def test_generate_prints_text_and_speedup():
     p = _run("generate", "def main():\n    ", "--max-new-tokens", "24", "--backend", "eager")
     assert p.returncode == 0, p.stderr
     assert "identical to greedy: True" in p.stdout and "speedup" in p.stdout
+
+
+def test_simulate_two_ranks_same_generation_every_step(tmp_path):
+    cfg = tmp_path / "r.json"
+    cfg.write_text('{"speculative": {"num_steps": 2, "topk": 1}, "max_running_requests": 8}')
+    p = _run("simulate", "--world-size", "2", "--requests", "3", "--json", "--backend", "eager",
+             "--adaptive", "", "--poll-every", "2", "--reload-at", "2", "--reload-config", str(cfg))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["generations_identical"] is True
+    assert all(rank["generations"] == [0, 1] for rank in r["ranks"])
+    assert r["rank0"]["lossless"] is True

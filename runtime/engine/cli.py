@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
     sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
     sim.add_argument("--json", action="store_true", help="print the report as JSON")
+    sim.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes, gloo)")
+    sim.add_argument("--poll-every", type=int, default=8, help="coordinator poll period (ranks)")
     sim.add_argument("--profile", default=None, metavar="DIR", help="write a torch-profiler trace")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
@@ -128,7 +130,10 @@ def _simulate(ns: argparse.Namespace) -> int:
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
-                           profile_dir=ns.profile, progress=not ns.json)
+                           profile_dir=ns.profile, progress=not ns.json and ns.world_size == 1,
+                           poll_every=ns.poll_every)
+    if ns.world_size > 1:
+        return _simulate_ranks(ns, cfg)
     with record_spans() as spans:
         report = run_simulation(cfg, sighup=signal.SIGHUP)
     report["spans"] = _span_summary(spans)
@@ -137,6 +142,33 @@ def _simulate(ns: argparse.Namespace) -> int:
     else:
         _print_report(report)
     return 0
+
+
+def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig) -> int:
+    """N ranks as CPU processes (gloo on loopback); every rank must serve the same generation at
+    every step."""
+    from draftgraph.runtime import spawn_ranks
+
+    from .simulate import rank_simulation
+
+    reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg,), timeout_s=900.0)
+    served = [r["served_generations"] for r in reports]
+    out = {"world_size": ns.world_size, "generations_identical": all(s == served[0] for s in served),
+           "ranks": [{"rank": i, "steps": len(s), "generations": sorted(set(s)),
+                      "reloads": r["reloads"], "coordinator": r["coordinator"],
+                      "loop_s": r["loop_s"], "tokens_generated": r["tokens_generated"]}
+                     for i, (s, r) in enumerate(zip(served, reports))],
+           "rank0": {k: v for k, v in reports[0].items() if k != "served_generations"}}
+    if ns.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(f"world size {ns.world_size}: identical generation at every step: {out['generations_identical']}")
+        for r in out["ranks"]:
+            c = r["coordinator"]
+            print(f"rank {r['rank']}: {r['steps']} steps, generations {r['generations']}, "
+                  f"polls {c.get('polls')}, coordinator {c.get('poll_s', 0.0) * 1e3:.1f} ms of "
+                  f"{r['loop_s'] * 1e3:.0f} ms loop")
+    return 0 if out["generations_identical"] else 1
 
 
 def _span_summary(spans: Any) -> dict[str, int]:

@@ -72,6 +72,17 @@ class SpecDecodeEngine:
         self._finished: dict[int, Request] = {}
         self._free = list(range(self.max_slots, 0, -1))
         self._pending: tuple[RuntimeArgs, str] | None = None
+        self.coordinator: Any = None
+        self._reloads_seen = 0
+        self.served: list[int] = []  # generation served at every step (with a coordinator)
+
+    def attach_coordinator(self, coordinator: Any) -> None:
+        """Serve under a `RankCoordinator` (several ranks): its `step()` runs at every step
+        boundary, reloads are proposed through it and adaptive switches take rank 0's choice."""
+        self.coordinator = coordinator
+        if self.controller is not None:
+            self.controller.release()
+        self.controller = self._new_controller()
 
     # ---- configuration -----------------------------------------------------------------------
     def _check_spec(self, args: RuntimeArgs) -> None:
@@ -93,7 +104,8 @@ class SpecDecodeEngine:
             return None
         capture = [] if self.backend == "eager" else None
         backend = "auto" if self.backend == "eager" else self.backend
-        return AdaptiveStepController(self.worker, cands, capture_bs=capture, backend=backend)
+        return AdaptiveStepController(self.worker, cands, capture_bs=capture, backend=backend,
+                                      coordinator=getattr(self, "coordinator", None))
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
         """Validate now; reload at the start of the next step (safe from a signal handler)."""
@@ -103,6 +115,9 @@ class SpecDecodeEngine:
         if isinstance(self.drafter, MultiLayerDrafter) and not new_args.speculative.is_chain:
             raise ValueError(f"speculative.topk={new_args.speculative.topk}: the multi-layer draft "
                              f"drafts a chain (topk must be 1)")
+        if self.coordinator is not None:
+            self.coordinator.propose_reload(new_args, policy)
+            return
         self._pending = (new_args, policy)
 
     def _apply_reload(self) -> None:
@@ -181,6 +196,14 @@ class SpecDecodeEngine:
         st = self.stats_
         if self._pending is not None:
             self._apply_reload()
+        if self.coordinator is not None:
+            self.served.append(self.coordinator.step())
+            if self.worker.counters.reloads != self._reloads_seen:  # a coordinated reload
+                self._reloads_seen = self.worker.counters.reloads
+                self.args = self.worker.args
+                if self.controller is not None:
+                    self.controller.release()
+                self.controller = self._new_controller()
         before = set(self._finished)
         with st.timed("admit"):
             self._admit()

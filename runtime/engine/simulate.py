@@ -46,6 +46,7 @@ class SimulationConfig:
     greedy: bool = True
     profile_dir: str | None = None
     progress: bool = True
+    poll_every: int = 8
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -75,8 +76,11 @@ def _profiler(out_dir: str | None) -> Any:
     return profile(activities=[ProfilerActivity.CPU])
 
 
-def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP) -> dict[str, Any]:
-    """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI)."""
+def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
+                   rank: int | None = None, world_size: int = 1) -> dict[str, Any]:
+    """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
+    (inside `spawn_ranks`) the engine serves under a `RankCoordinator` and the reload at
+    ``reload_at`` is proposed by the last rank only."""
     rss0 = _rss_mib()
     target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
     rng = random.Random(cfg.seed)
@@ -88,6 +92,9 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP) -
         t += rng.expovariate(cfg.arrival)
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
                               adaptive_steps=cfg.adaptive_steps or None)
+    if rank is not None:
+        from draftgraph.runtime.distributed import RankCoordinator
+        engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
     rss_setup = _rss_mib() - rss0
     old = None
     if sighup is not None and cfg.reload_config:
@@ -106,7 +113,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP) -
                 while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
                     ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
                     nxt += 1
-                if cfg.reload_at is not None and step == cfg.reload_at:
+                if cfg.reload_at is not None and step == cfg.reload_at and (
+                        rank is None or rank == world_size - 1):
                     _reload_from(engine, cfg.reload_config, f"--reload-at {step}")
                 before = engine.stats_.tokens_generated
                 engine.step()
@@ -140,6 +148,9 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP) -
         if engine.worker.state.graphs is not None else "eager",
         "rss_setup_mib": rss_setup, "rss_loop_mib": rss_loop, "torch": torch.__version__,
     }
+    if engine.coordinator is not None:
+        report["served_generations"] = engine.served
+        report["coordinator"] = engine.coordinator.stats.as_dict()
     if cfg.greedy:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
                                        cfg.args.max_running_requests or 8))
@@ -161,3 +172,12 @@ def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
             same &= r[:max_new[j]] == outs[j]
     s = time.perf_counter() - start
     return {"greedy_s": s, "greedy_tokens_per_s": tokens / s, "lossless": same}
+
+
+def rank_simulation(rank: int, world_size: int, cfg: SimulationConfig) -> dict[str, Any]:
+    """One rank of `draftgraph simulate --world-size N` (run by `spawn_ranks`); the greedy
+    baseline runs on rank 0 only."""
+    import dataclasses
+    if rank != 0:
+        cfg = dataclasses.replace(cfg, greedy=False)
+    return run_simulation(cfg, sighup=None, rank=rank, world_size=world_size)
