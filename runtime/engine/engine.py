@@ -97,6 +97,8 @@ class SpecDecodeEngine:
         if not self._adaptive_steps:
             return None
         spec = self.worker.spec
+        if spec.tree_choices is not None:  # a static tree's depth is part of its shape: fixed S
+            return None
         cands: list[Any] = list(self._adaptive_steps) if spec.is_chain else [
             (s, spec.num_draft_tokens) for s in self._adaptive_steps
             if spec.num_draft_tokens - 1 <= spec.topk + (s - 1) * spec.topk ** 2]
