@@ -187,10 +187,17 @@ def test_reload_from_thread_every_step_matches_its_state():
     configs = [args_for(2), args_for(4), args_for(3, 2, 5), args_for(5)]
     w = captured(configs[0])
     errors: list[BaseException] = []
+    steps_done = [0]
+    progressed = threading.Condition()
 
     def reloader():
+        # reload i waits until the serving loop has run 30 * (i + 1) steps, so reloads interleave
+        # with steps whatever the scheduler does (a free-running thread could finish all 50
+        # before the loop took the lock once)
         try:
             for i in range(50):
+                with progressed:
+                    progressed.wait_for(lambda: steps_done[0] >= 30 * (i + 1), timeout=60)
                 w.reload(configs[(i + 1) % len(configs)])
         except BaseException as exc:  # surfaced in the main thread
             errors.append(exc)
@@ -199,6 +206,9 @@ def test_reload_from_thread_every_step_matches_its_state():
     t.start()
     seen = set()
     for step in range(2000):
+        with progressed:
+            steps_done[0] = step
+            progressed.notify_all()
         b = 1 + step % 5
         state_topk = w.state.spec.topk
         inp = make_draft_input(b, state_topk, seed=step % 17)
