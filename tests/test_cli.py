@@ -74,3 +74,11 @@ def test_simulate_two_ranks_same_generation_every_step(tmp_path):
     assert r["generations_identical"] is True
     assert all(rank["generations"] == [0, 1] for rank in r["ranks"])
     assert r["rank0"]["lossless"] is True
+
+
+def test_simulate_profile_writes_trace_with_spans(tmp_path):
+    p = _run("simulate", "--requests", "2", "--adaptive", "", "--no-greedy", "--json",
+             "--profile", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    trace = (tmp_path / "trace.json").read_text()
+    assert '"replay[bs=' in trace  # draftgraph's spans are in the torch-profiler trace
