@@ -64,6 +64,8 @@ class SpecDecodeEngine:
         if backend != "eager":
             self.worker.capture_graphs(backend)
         self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
+        self.coordinator: Any = None
+        self._reloads_seen = 0
         self.controller: AdaptiveStepController | None = self._new_controller()
         self.stats_ = EngineStats()
         self._next_id = 0
@@ -72,8 +74,6 @@ class SpecDecodeEngine:
         self._finished: dict[int, Request] = {}
         self._free = list(range(self.max_slots, 0, -1))
         self._pending: tuple[RuntimeArgs, str] | None = None
-        self.coordinator: Any = None
-        self._reloads_seen = 0
         self.served: list[int] = []  # generation served at every step (with a coordinator)
 
     def attach_coordinator(self, coordinator: Any) -> None:
@@ -107,7 +107,7 @@ class SpecDecodeEngine:
         capture = [] if self.backend == "eager" else None
         backend = "auto" if self.backend == "eager" else self.backend
         return AdaptiveStepController(self.worker, cands, capture_bs=capture, backend=backend,
-                                      coordinator=getattr(self, "coordinator", None))
+                                      coordinator=self.coordinator)
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
         """Validate now; reload at the start of the next step (safe from a signal handler)."""

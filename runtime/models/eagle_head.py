@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .layers import RMSNorm, SwiGLU, apply_rope, cached_attention, rope_tables
+from .layers import RMSNorm, SwiGLU, TargetHeadCopy, apply_rope, cached_attention, rope_tables
 
 __all__ = ["EagleConfig", "EagleDraftHead"]
 
@@ -45,7 +45,7 @@ class EagleConfig:
         return asdict(self)
 
 
-class EagleDraftHead(nn.Module):
+class EagleDraftHead(TargetHeadCopy):
     """One-layer EAGLE head (float32) with frozen copies of the target's embedding, norm and lm_head."""
 
     def __init__(self, target: nn.Module, cfg: EagleConfig | None = None, seed: int = 0) -> None:
@@ -69,18 +69,7 @@ class EagleDraftHead(nn.Module):
         self.register_buffer("rope_sin", sin.float(), persistent=False)
         self.cache: KVCache | None = None
 
-    def share_target(self, target: nn.Module) -> None:
-        """Frozen float32 copies of the target's embedding, final norm and lm_head."""
-        self.register_buffer("embed_w", target.embed.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("norm_w", target.norm.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("lm_w", target.lm_head.weight.detach().float().clone(), persistent=False)
-        self.norm_eps = target.norm.eps
-
     # ---- sizes --------------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.embed_w.shape[0]
-
     @property
     def hidden_size(self) -> int:
         """Width of a draft-state row (see the module docstring)."""
@@ -99,11 +88,6 @@ class EagleDraftHead(nn.Module):
         return self.cache
 
     # ---- shared pieces ------------------------------------------------------------------------
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's final norm and lm_head on draft features."""
-        x = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.norm_w
-        return x @ self.lm_w.t()
-
     def _fuse(self, feat: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([self.norm_feat(feat), self.norm_emb(self.embed_w[tokens])], -1))
 

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["RMSNorm", "SwiGLU", "rope_tables", "apply_rope", "cached_attention"]
+__all__ = ["RMSNorm", "SwiGLU", "TargetHeadCopy", "rope_tables", "apply_rope", "cached_attention"]
 
 
 class RMSNorm(nn.Module):
@@ -38,6 +38,26 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class TargetHeadCopy(nn.Module):
+    """Base of the drafts: frozen float32 copies of the target's embedding, final norm and
+    lm_head (non-persistent buffers: the target's weights are not saved with the draft)."""
+
+    def share_target(self, target: nn.Module) -> None:
+        self.register_buffer("embed_w", target.embed.weight.detach().float().clone(), persistent=False)
+        self.register_buffer("norm_w", target.norm.weight.detach().float().clone(), persistent=False)
+        self.register_buffer("lm_w", target.lm_head.weight.detach().float().clone(), persistent=False)
+        self.norm_eps = target.norm.eps
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_w.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's final norm and lm_head on draft features."""
+        x = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.norm_w
+        return x @ self.lm_w.t()
 
 
 def rope_tables(max_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .layers import RMSNorm, SwiGLU
+from .layers import RMSNorm, SwiGLU, TargetHeadCopy
 
 __all__ = ["MultiLayerConfig", "MultiLayerDraft"]
 
@@ -43,7 +43,7 @@ class _Layer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class MultiLayerDraft(nn.Module):
+class MultiLayerDraft(TargetHeadCopy):
     """``n_layers`` chained layers (float32) with frozen copies of the target's embedding, norm and head."""
 
     def __init__(self, target: nn.Module, cfg: MultiLayerConfig | None = None, seed: int = 0) -> None:
@@ -52,23 +52,12 @@ class MultiLayerDraft(nn.Module):
         torch.manual_seed(seed + 2)
         self.cfg = cfg
         self.layers = nn.ModuleList(_Layer(cfg.dim, cfg.ffn) for _ in range(cfg.n_layers))
-        self.register_buffer("embed_w", target.embed.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("norm_w", target.norm.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("lm_w", target.lm_head.weight.detach().float().clone(), persistent=False)
-        self.norm_eps = target.norm.eps
+        self.share_target(target)
 
     @property
     def max_steps(self) -> int:
         """The most draft tokens (S) it can produce."""
         return self.cfg.n_layers
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embed_w.shape[0]
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.norm_w
-        return x @ self.lm_w.t()
 
     def forward(self, feat: torch.Tensor, token: torch.Tensor, num_steps: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
