@@ -1,67 +1,27 @@
 """A short run under the torch profiler with spans on, written as a Chrome/Perfetto trace.
 
-``profile_run(step_fn, steps, out_dir)`` runs ``step_fn(i)`` for i in range(steps) under
-``torch.profiler.profile`` (CPU, plus CUDA when available) and writes ``trace.json`` in
-``out_dir``; draftgraph's spans (capture, replay[bs,padded], organize, eager_fallback, ...)
-show up as ranges because a profiler is active. Open the file at https://ui.perfetto.dev or
-chrome://tracing. For Nsight Systems on a GPU, run the same with ``DRAFTGRAPH_NVTX=1`` under
-``nsys profile -t cuda,nvtx``: the ranges are in the NVTX domain "draftgraph".
-
-The CLI drives EagleDraftWorker with TinyDraftModel (captured graphs, a few batch sizes and
-one size above the largest graph, so replays and an eager fallback both appear).
+By default it drives EagleDraftWorker with TinyDraftModel (captured graphs, a few batch sizes and
+one size above the largest graph, so replays and an eager fallback both appear) through
+``profile_run``; ``--engine`` profiles a short ``draftgraph simulate`` run instead (the default
+models, a few requests, no greedy baseline), like ``draftgraph simulate --profile DIR``.
+Either way ``OUT_DIR/trace.json`` opens at https://ui.perfetto.dev or chrome://tracing. For
+Nsight Systems on a GPU: ``DRAFTGRAPH_NVTX=1 nsys profile -t cuda,nvtx -o out python
+scripts/profile_session.py OUT_DIR`` (NVTX domain "draftgraph"; see
+draftgraph.runtime.engine.profiling).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import logging
-import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from draftgraph.runtime.engine.profiling import profile_run
+
 __all__ = ["main", "profile_run"]
-
-logger = logging.getLogger(__name__)
-
-
-def profile_run(step_fn: Callable[[int], Any], steps: int, out_dir: str) -> dict[str, Any]:
-    """Profile ``steps`` calls of ``step_fn(i)``; write ``out_dir/trace.json``; return a summary.
-
-    The summary holds the trace path, the wall seconds and, per draftgraph span name, how many
-    profiler events it produced (labels ``name[attrs]`` are grouped by ``name``).
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: must be an int >= 1")
-    os.makedirs(out_dir, exist_ok=True)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    start = time.perf_counter()
-    with torch.profiler.profile(activities=activities) as prof:
-        for i in range(steps):
-            step_fn(i)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    path = os.path.join(out_dir, "trace.json")
-    prof.export_chrome_trace(path)
-    spans: collections.Counter[str] = collections.Counter()
-    for event in prof.key_averages():
-        name = event.key.split("[", 1)[0]
-        if name in _SPAN_NAMES:
-            spans[name] += event.count
-    return {"trace": path, "steps": steps, "wall_s": round(wall, 4), "spans": dict(sorted(spans.items()))}
-
-
-_SPAN_NAMES = frozenset((
-    "warmup", "capture", "replay", "eager_run", "eager_fallback", "organize_fast", "organize_tree",
-    "rebuild", "reload",
-))
 
 
 def _tiny_worker_step(max_bs: int) -> Callable[[int], Any]:
@@ -86,13 +46,29 @@ def _tiny_worker_step(max_bs: int) -> Callable[[int], Any]:
     return lambda i: worker.draft_forward(inputs[i % len(inputs)])
 
 
+def _engine_run(a: argparse.Namespace) -> dict[str, Any]:
+    """A short simulate run with --profile: the engine's trace and its profile summary."""
+    from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.engine.simulate import SimulationConfig, run_simulation
+
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=a.max_bs)),
+                       max_running_requests=a.max_bs)
+    cfg = SimulationConfig(args=args, requests=a.requests, min_new=8, max_new=24, greedy=False,
+                           profile_dir=a.out_dir, progress=False)
+    report = run_simulation(cfg, sighup=None)
+    return {**report["profile"], "loop_steps": report["loop_steps"],
+            "tokens_generated": report["tokens_generated"]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", nargs="?", default="profile-out")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=40, help="tiny-worker steps")
     p.add_argument("--max-bs", type=int, default=8)
+    p.add_argument("--engine", action="store_true", help="profile a short `draftgraph simulate` run")
+    p.add_argument("--requests", type=int, default=4, help="requests of the --engine run")
     a = p.parse_args(argv)
-    summary = profile_run(_tiny_worker_step(a.max_bs), a.steps, a.out_dir)
+    summary = _engine_run(a) if a.engine else profile_run(_tiny_worker_step(a.max_bs), a.steps, a.out_dir)
     print(json.dumps(summary, indent=2))
     print(f"open {summary['trace']} at https://ui.perfetto.dev (or chrome://tracing)")
     return summary

@@ -82,3 +82,7 @@ def test_simulate_profile_writes_trace_with_spans(tmp_path):
     assert p.returncode == 0, p.stderr
     trace = (tmp_path / "trace.json").read_text()
     assert '"replay[bs=' in trace  # draftgraph's spans are in the torch-profiler trace
+    r = json.loads(p.stdout)
+    prof = r["profile"]  # the summary: the profiler's ranges agree with the span recorder
+    assert prof["trace"] == str(tmp_path / "trace.json") and prof["wall_s"] > 0
+    assert prof["spans"]["replay"] == r["spans"]["replay"] == r["graph_replays"] > 0

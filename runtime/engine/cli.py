@@ -192,6 +192,8 @@ def _print_report(r: dict[str, Any]) -> None:
             ("capture", f"{r['capture_s']:.2f} s"), ("reloads", r["reloads"]),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
             ("spans", r["spans"])]
+    if "profile" in r:  # --profile DIR
+        rows.append(("profile trace", f"{r['profile']['trace']} (open at https://ui.perfetto.dev)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

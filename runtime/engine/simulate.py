@@ -21,6 +21,7 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from .engine import SpecDecodeEngine
+from .profiling import profiled
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -69,13 +70,6 @@ def _reload_from(engine: SpecDecodeEngine, path: str, why: str) -> None:
               file=sys.stderr)
 
 
-def _profiler(out_dir: str | None) -> Any:
-    if not out_dir:
-        return contextlib.nullcontext(None)
-    from torch.profiler import ProfilerActivity, profile
-    return profile(activities=[ProfilerActivity.CPU])
-
-
 def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                    rank: int | None = None, world_size: int = 1) -> dict[str, Any]:
     """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
@@ -108,7 +102,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     rss1 = _rss_mib()
     start = time.perf_counter()
     try:
-        with _profiler(cfg.profile_dir) as prof:
+        with profiled(cfg.profile_dir) if cfg.profile_dir else contextlib.nullcontext(None) as prof:
             while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
                 while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
                     ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
@@ -121,11 +115,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                 if bar is not None:
                     bar.update(engine.stats_.tokens_generated - before)
                 step += 1
-        loop_s = time.perf_counter() - start
-        if prof is not None:
-            import os
-            os.makedirs(cfg.profile_dir, exist_ok=True)
-            prof.export_chrome_trace(os.path.join(cfg.profile_dir, "trace.json"))
+            loop_s = time.perf_counter() - start  # without writing the trace
     finally:
         if bar is not None:
             bar.close()
@@ -148,6 +138,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         if engine.worker.state.graphs is not None else "eager",
         "rss_setup_mib": rss_setup, "rss_loop_mib": rss_loop, "torch": torch.__version__,
     }
+    if prof is not None:
+        report["profile"] = prof
     if engine.coordinator is not None:
         report["served_generations"] = engine.served
         report["coordinator"] = engine.coordinator.stats.as_dict()
