@@ -3,8 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.draftgraph-installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench plots lint clean
 
 install: $(STAMP)
 
@@ -24,7 +25,11 @@ demo: $(STAMP)
 	$(VENV)/bin/draftgraph simulate
 
 bench: $(STAMP)
-	$(PY) scripts/bench_all.py
+	$(PY) scripts/bench_all.py $(if $(QUICK),--quick) $(BENCH_ARGS)
+
+plots: $(STAMP)
+	$(PY) -m pip install -q "matplotlib>=3.7" "python-dateutil>=2.8,<3"
+	$(PY) scripts/bench_plots.py bench-results/summary.json --out docs
 
 lint: $(STAMP)
 	$(PY) -m ruff check runtime graphs tests scripts

@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, synced, time_interleaved
+from benchutil import emit, record, synced, target, time_interleaved
 from draftgraph.graphs import GraphCaptureManager
 from draftgraph.runtime import (
     CudaGraphConfig,
@@ -76,7 +76,7 @@ def main(argv=None):
         a.repeats, a.inner = 3, 10
     backend = "cuda" if a.device.startswith("cuda") else "trace"
     engines = [None, "jit"] if backend == "trace" else [None]
-    rows, capture, nodes = [], {}, {}
+    rows, capture, nodes, records = [], {}, {}, []
     for kind in CONFIGS:
         workers = {}
         for engine in engines:
@@ -98,15 +98,33 @@ def main(argv=None):
                 fns = {k: synced(f) for k, f in fns.items()}
             t = time_interleaved(fns, repeats=a.repeats, inner=a.inner)
             row = {"kind": kind, "b": b, "nodes": nodes[kind][b], "eager_us": t["eager"] * 1e6}
+            params = {"kind": kind, "b": b, "device": a.device, "S": CONFIGS[kind][0],
+                      "topk": CONFIGS[kind][1]}
+            records.append(record("graphs", f"{kind} b={b} eager", {**params, "replay": "eager"},
+                                  "us_per_step", t["eager"], backend="eager", scale=1e6))
             for label in workers:
                 row[f"{label}_us"] = t[label] * 1e6
                 row[f"eager/{label}"] = t["eager"] / t[label]
+                records.append(record("graphs", f"{kind} b={b} {label}", {**params, "replay": label},
+                                      "us_per_step", t[label], backend=backend, scale=1e6,
+                                      ratios={"eager/replay": row[f"eager/{label}"],
+                                              "nodes": nodes[kind][b]}))
             rows.append(row)
     cols = ["kind", "b", "nodes", "eager_us"] + [c for c in rows[0] if c.endswith("_us") and c != "eager_us"]
     cols += [c for c in rows[0] if c.startswith("eager/")]
+    no_node = nodes["chain"] == nodes["chain_without_organize"]
+    for key, secs in capture.items():
+        kind, label = key.split("/")
+        records.append(record("graphs", f"capture {kind} {label}",
+                              {"kind": kind, "replay": label, "sizes": len(SIZES), "device": a.device},
+                              "s_capture_all_sizes", [secs], backend=backend))
+    records.append(record("graphs", "chain nodes vs no organize", {"kind": "chain", "b": SIZES[-1]},
+                          "graph_nodes", [nodes["chain"][SIZES[-1]] or 0], backend=backend,
+                          targets=[target("organize adds no graph node (all sizes)", int(no_node),
+                                          "==", 1)]))
     extra = {"device": a.device, "backend": backend, "capture_s_whole_size_list": capture,
-             "sizes": list(SIZES), "nodes": nodes,
-             "chain_organize_adds_no_node": nodes["chain"] == nodes["chain_without_organize"]}
+             "sizes": list(SIZES), "nodes": nodes, "chain_organize_adds_no_node": no_node,
+             "records": records}
     return emit("graphs", rows, cols, extra, a.json)
 
 

@@ -1,7 +1,10 @@
-"""Organize benchmark: chain fast path vs general path vs SGLang's organize vs a bare slice.
+"""Organize benchmark: chain fast path vs a static tree's organize vs the general path vs
+SGLang's organize vs a bare slice.
 
 For b in (1, 8, 64, 256) and S in (1, 3, 5), all variants interleaved in one process, plus the
-aten ops each dispatches per call. Prints a table and JSON (``--json PATH`` also writes it).
+aten ops each dispatches per call. "static" is what a static draft tree of depth S pays to
+organize a step: the key check of its topology buffers and their views at b. Prints a table and
+JSON (``--json PATH`` also writes it), with one summary record per case and variant.
 """
 
 from __future__ import annotations
@@ -13,19 +16,27 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import count_ops, emit, load_sglang, synced, time_interleaved  # noqa: E402
+from benchutil import count_ops, emit, load_sglang, record, synced, target, time_interleaved  # noqa: E402
 from draftgraph.runtime import (  # noqa: E402
     CudaGraphConfig,
     DraftInput,
+    EagleDraftWorker,
     MultiLayerEagleDraftWorker,
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
+    TinyDraftModel,
     organize_chain_steps,
 )
 
 BATCHES = (1, 8, 64, 256)
 STEPS = (1, 3, 5)
+VARIANTS = ("fast", "static", "general", "sglang", "bare")
+
+
+def static_tree(s: int) -> tuple[tuple[int, ...], ...]:
+    """A static draft tree of depth s: two children at the root, then a spine."""
+    return ((0,), (1,)) + tuple((0,) * d for d in range(2, s + 1))
 
 
 def sglang_organize(ref, topk_p, topk_index, s):
@@ -51,8 +62,12 @@ def bench_case(b, s, ref, device, repeats, inner):
                      torch.randint(0, 32000, (b, s), generator=gen).to(device), None)
     buf = worker.chain_buffers
     parents, score_indices, topk_index = buf.parents, buf.score_indices, inp.topk_index
+    tree_args = RuntimeArgs(SpeculativeConfig(s, 2, tree_choices=static_tree(s)),
+                            CudaGraphConfig(PhaseGraphConfig(max_bs=256)), device=device)
+    tree_state = EagleDraftWorker(tree_args, TinyDraftModel(device=device)).state
     fns = {
         "fast": lambda: worker.draft_forward(inp),
+        "static": lambda: tree_state.static_buffers().view(b),
         "general": lambda: organize_chain_steps(inp.topk_p, inp.topk_index, None, s, s + 1),
         "bare": lambda: (parents[:b], score_indices[:b], topk_index),
     }
@@ -65,10 +80,43 @@ def bench_case(b, s, ref, device, repeats, inner):
     row = {"b": b, "S": s, **{f"{k}_us": v * 1e6 for k, v in t.items()},
            **{f"{k}_ops": ops[k]["compute_ops"] for k in fns}}
     row["fast/bare"] = t["fast"] / t["bare"]
+    row["static/bare"] = t["static"] / t["bare"]
     if "sglang" in t:
         row["sglang/fast"] = t["sglang"] / t["fast"]
         row["general/sglang"] = t["general"] / t["sglang"]
+    row["_samples"] = t
     return row
+
+
+def case_records(row: dict, device: str) -> list[dict]:
+    """Summary records of one (b, S) row: one per variant, with the targets that concern it."""
+    b, s, t = row["b"], row["S"], row["_samples"]
+    out = []
+    for v in VARIANTS:
+        if v not in t:
+            continue
+        ratios: dict = {"compute_ops": row[f"{v}_ops"]}
+        targets = []
+        if v == "fast":
+            ratios.update({"fast/bare": row["fast/bare"], "sglang/fast": row.get("sglang/fast")})
+            targets += [target("fast path dispatches no compute op", row["fast_ops"], "==", 0),
+                        target("fast <= 1.5x bare slice", row["fast/bare"], "<=", 1.5)]
+            if "sglang/fast" in row and (b, s) == (1, 3):
+                targets.append(target("fast >= 15x faster than SGLang (b=1, S=3)",
+                                      row["sglang/fast"], ">=", 15))
+            if "sglang/fast" in row and b == 256:
+                targets.append(target("fast >= 100x faster than SGLang (b=256)",
+                                      row["sglang/fast"], ">=", 100))
+        elif v == "static":
+            ratios["static/bare"] = row["static/bare"]
+        elif v == "general" and "general/sglang" in row:
+            ratios["general/sglang"] = row["general/sglang"]
+            targets.append(target("general path within 1.2x SGLang", row["general/sglang"], "<=", 1.2))
+        out.append(record("organize", f"b={b} S={s} {v}", {"b": b, "S": s, "variant": v,
+                                                             "device": device},
+                          "us_per_call", t[v], backend="eager", scale=1e6, ratios=ratios,
+                          targets=targets))
+    return out
 
 
 
@@ -99,10 +147,13 @@ def main(argv=None):
         a.repeats, a.inner = 5, 50
     ref = load_sglang()
     rows = [bench_case(b, s, ref, a.device, a.repeats, a.inner) for s in STEPS for b in BATCHES]
-    cols = ["b", "S", "fast_us", "bare_us", "general_us", "sglang_us", "fast/bare",
-            "sglang/fast", "general/sglang", "fast_ops", "general_ops", "sglang_ops"]
-    return emit("organize", rows, cols, {"device": a.device, "targets": targets(rows, ref is not None)},
-                a.json)
+    records = [r for row in rows for r in case_records(row, a.device)]
+    for row in rows:
+        del row["_samples"]
+    cols = ["b", "S", "fast_us", "static_us", "bare_us", "general_us", "sglang_us", "fast/bare",
+            "sglang/fast", "general/sglang", "fast_ops", "static_ops", "general_ops", "sglang_ops"]
+    return emit("organize", rows, cols, {"device": a.device, "targets": targets(rows, ref is not None),
+                                         "records": records}, a.json)
 
 
 if __name__ == "__main__":

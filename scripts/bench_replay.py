@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, synced
+from benchutil import emit, record, synced, target
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -44,8 +44,8 @@ MANAGER_TARGET = 1.5  # (run - graph) / floor
 WORKER_TARGET = 0.10  # (worker - run) / run
 
 
-def time_min(fns: dict[str, Callable[[], Any]], rounds: int, inner: int) -> dict[str, float]:
-    """Minimum over ``rounds`` of the seconds per call of each fn; each round runs them in turn.
+def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, inner: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn in each of ``rounds`` rounds; each round runs them in turn.
 
     The garbage collector is off while timing (as in ``timeit``): a collection landing in one
     fn's window would be charged to it alone.
@@ -53,7 +53,7 @@ def time_min(fns: dict[str, Callable[[], Any]], rounds: int, inner: int) -> dict
     for fn in fns.values():
         for _ in range(max(inner, 20)):
             fn()
-    best = dict.fromkeys(fns, float("inf"))
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -62,11 +62,11 @@ def time_min(fns: dict[str, Callable[[], Any]], rounds: int, inner: int) -> dict
                 start = time.perf_counter_ns()
                 for _ in range(inner):
                     fn()
-                best[name] = min(best[name], (time.perf_counter_ns() - start) / inner / 1e9)
+                per_round[name].append((time.perf_counter_ns() - start) / inner / 1e9)
     finally:
         if enabled:
             gc.enable()
-    return best
+    return per_round
 
 
 def build(device: str, backend: str, num_steps: int) -> EagleDraftWorker:
@@ -105,7 +105,8 @@ def measure(worker: EagleDraftWorker, b: int, device: str, rounds: int, inner: i
     fns = timed_fns(worker, b, device)
     if device != "cpu":
         fns = {k: synced(f) for k, f in fns.items()}
-    t = {k: v * 1e6 for k, v in time_min(fns, rounds, inner).items()}
+    per_round = time_rounds(fns, rounds, inner)
+    t = {k: min(v) * 1e6 for k, v in per_round.items()}
     manager_us = t["run"] - t["graph"]
     worker_us = t["worker"] - t["run"]
     manager_ratio = manager_us / t["floor"]
@@ -115,7 +116,29 @@ def measure(worker: EagleDraftWorker, b: int, device: str, rounds: int, inner: i
         "floor_us": t["floor"], "manager_overhead_us": manager_us, "worker_overhead_us": worker_us,
         "manager/floor": manager_ratio, "manager_ok": manager_ratio <= MANAGER_TARGET,
         "worker/run": worker_ratio, "worker_ok": worker_ratio <= WORKER_TARGET,
+        "_rounds": per_round,
     }
+
+
+def row_records(row: dict[str, Any], device: str, backend: str, num_steps: int) -> list[dict[str, Any]]:
+    """Summary records of one batch size: the four timings over the rounds; the two overhead
+    ratios (of the minima, as the targets are stated) and their verdicts sit on ``run``."""
+    b, per_round = row["b"], row["_rounds"]
+    out = []
+    for name in ("worker", "run", "graph", "floor"):
+        ratios, targets = {}, []
+        if name == "run":
+            ratios = {"manager/floor": row["manager/floor"], "worker/run": row["worker/run"],
+                      "manager_overhead_us": row["manager_overhead_us"],
+                      "worker_overhead_us": row["worker_overhead_us"]}
+            targets = [target("manager overhead <= 1.5x copy floor", row["manager/floor"], "<=",
+                              MANAGER_TARGET),
+                       target("worker overhead <= 10% of run", row["worker/run"], "<=", WORKER_TARGET)]
+        out.append(record("replay", f"chain S={num_steps} b={b} {name}",
+                          {"b": b, "S": num_steps, "timed": name, "device": device, "reduce": "min"},
+                          "us_per_call", per_round[name], backend=backend, scale=1e6,
+                          ratios=ratios, targets=targets))
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -133,12 +156,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     backend = "cuda" if a.device.startswith("cuda") else "trace"
     worker = build(a.device, backend, a.num_steps)
     rows = [measure(worker, b, a.device, a.rounds, a.inner) for b in a.batch]
+    records = [r for row in rows for r in row_records(row, a.device, backend, a.num_steps)]
+    for row in rows:
+        del row["_rounds"]
     cols = ["b", "worker_us", "run_us", "graph_us", "floor_us", "manager_overhead_us",
             "worker_overhead_us", "manager/floor", "manager_ok", "worker/run", "worker_ok"]
     extra = {"device": a.device, "backend": backend, "num_steps": a.num_steps, "sizes": list(SIZES),
              "rounds": a.rounds, "inner": a.inner, "reduce": "min",
              "targets": {"manager/floor": MANAGER_TARGET, "worker/run": WORKER_TARGET},
-             "all_ok": all(r["manager_ok"] and r["worker_ok"] for r in rows)}
+             "all_ok": all(r["manager_ok"] and r["worker_ok"] for r in rows), "records": records}
     return emit("replay", rows, cols, extra, a.json)
 
 

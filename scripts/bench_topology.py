@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import count_ops, emit, synced, time_interleaved  # noqa: E402
+from benchutil import count_ops, emit, record, synced, target, time_interleaved  # noqa: E402
 from draftgraph.graphs import GraphCaptureManager  # noqa: E402
 from draftgraph.runtime.config import (  # noqa: E402
     CudaGraphConfig,
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     repeats, inner = (5, 20) if a.quick else (15, 100)
     batches = (1, 64) if a.quick else BATCHES
     rows: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     for n in (8, 16):
         cases = specs(n)
         nodes = {kind: graph_nodes(spec, 4 if a.quick else 64) for kind, spec in cases.items()}
@@ -144,10 +145,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             times = time_interleaved(fns, repeats=repeats, inner=inner)
             for kind, fn in fns.items():
                 ops = count_ops(fn)
-                rows.append({"n": n, "b": b, "kind": kind, "us": times[kind] * 1e6,
-                             "vs_dynamic": times["dynamic"] / times[kind],
-                             "compute_ops": ops["compute_ops"], "view_ops": ops["view_ops"],
-                             **nodes[kind]})
+                row = {"n": n, "b": b, "kind": kind, "us": times[kind] * 1e6,
+                       "vs_dynamic": times["dynamic"] / times[kind],
+                       "compute_ops": ops["compute_ops"], "view_ops": ops["view_ops"], **nodes[kind]}
+                rows.append(row)
+                records.append(_record(row, times[kind], a.device))
     by = {(r["n"], r["b"], r["kind"]): r for r in rows}
     targets = {
         "static_ops_le_2": all(r["compute_ops"] <= 2 for r in rows if r["kind"] != "dynamic"),
@@ -156,10 +158,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                            for r in rows if r["kind"] != "dynamic"),
     }
     engine = engine_topology_rows(a.quick)
+    for r in engine:
+        records.append(record("topology", f"engine N={r['n']} {r['kind']}",
+                              {"n": r["n"], "kind": r["kind"], "device": "cpu"}, "tokens_per_s",
+                              [r["tokens_per_s"]], backend="eager",
+                              ratios={"accept_length": r["accept_len"]}))
     columns = ["n", "b", "kind", "us", "vs_dynamic", "compute_ops", "view_ops", "nodes",
                "nodes_no_organize"]
     return emit("bench_topology", rows, columns,
-                {"targets": targets, "engine": engine, "device": a.device}, a.json)
+                {"targets": targets, "engine": engine, "device": a.device, "records": records},
+                a.json)
+
+
+def _record(row: dict[str, Any], times: Any, device: str) -> dict[str, Any]:
+    """The summary record of one (N, b, kind) row, with the targets that concern its kind."""
+    n, b, kind = row["n"], row["b"], row["kind"]
+    targets = []
+    if kind != "dynamic":
+        targets.append(target(f"{kind}: at most 2 compute ops", row["compute_ops"], "<=", 2))
+        if row["nodes"] is not None:
+            targets.append(target(f"{kind}: organize adds no graph node",
+                                  int(row["nodes"] == row["nodes_no_organize"]), "==", 1))
+    if kind == "static" and b == 64:
+        targets.append(target("static >= 20x faster than dynamic at b=64", row["vs_dynamic"], ">=", 20))
+    return record("topology", f"N={n} b={b} {kind}", {"n": n, "b": b, "kind": kind, "device": device},
+                  "us_per_call", times, backend="eager", scale=1e6,
+                  ratios={"vs_dynamic": row["vs_dynamic"], "compute_ops": row["compute_ops"],
+                          "nodes": row["nodes"], "nodes_no_organize": row["nodes_no_organize"]},
+                  targets=targets)
 
 
 if __name__ == "__main__":

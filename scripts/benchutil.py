@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -14,12 +15,59 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["time_interleaved", "count_ops", "emit", "load_sglang", "env_info", "synced"]
+__all__ = ["Sample", "time_interleaved", "count_ops", "emit", "load_sglang", "env_info", "synced",
+           "machine_info", "record", "target", "spread"]
+
+
+class Sample(float):
+    """The median of repeated measurements that keeps the measurements (``.values``), so a
+    benchmark can report the spread; arithmetic on it gives plain floats."""
+
+    values: tuple[float, ...]
+
+    def __new__(cls, values: list[float] | tuple[float, ...]) -> Sample:
+        if not values:
+            raise ValueError("Sample: needs at least one measurement")
+        obj = super().__new__(cls, statistics.median(values))
+        obj.values = tuple(float(v) for v in values)
+        return obj
+
+
+def spread(values: list[float] | tuple[float, ...]) -> dict[str, float | int]:
+    """Min, quartiles, max and count of repeated measurements (quartiles = min/max below 4)."""
+    v = sorted(values)
+    if len(v) >= 4:
+        q = statistics.quantiles(v, n=4)
+        p25, p75 = q[0], q[2]
+    else:
+        p25, p75 = v[0], v[-1]
+    return {"min": v[0], "p25": p25, "p75": p75, "max": v[-1], "n": len(v)}
+
+
+def target(name: str, value: float, op: str, limit: float) -> dict[str, Any]:
+    """One stated target checked on a measured ratio: ``value op limit``."""
+    ops = {"<=": value <= limit, ">=": value >= limit, "==": value == limit}
+    if op not in ops:
+        raise ValueError(f"op={op!r}: must be one of {sorted(ops)}")
+    return {"name": name, "value": float(value), "op": op, "limit": float(limit), "met": bool(ops[op])}
+
+
+def record(benchmark: str, case: str, params: dict[str, Any], metric: str, values: Any, *,
+           backend: str, scale: float = 1.0, ratios: dict[str, float] | None = None,
+           targets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One summary record: a case, its median and spread over repeats (``values`` times
+    ``scale``; a `Sample` or a list), the ratios targets are stated in, and their verdicts."""
+    vals = [float(x) * scale for x in (values.values if isinstance(values, Sample) else values)]
+    return {"benchmark": benchmark, "case": case, "backend": backend, "params": params,
+            "metric": metric, "median": statistics.median(vals), "spread": spread(vals),
+            "ratios": {k: float(v) for k, v in (ratios or {}).items() if v is not None},
+            "targets": list(targets or [])}
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner: int = 200
-                     ) -> dict[str, float]:
-    """Median seconds per call of each fn; rounds run the fns in turn so drift hits all alike."""
+                     ) -> dict[str, Sample]:
+    """Median seconds per call of each fn (a `Sample`, with the per-round figures); rounds run
+    the fns in turn so drift hits all alike."""
     for fn in fns.values():  # warm up caches and lazy init
         for _ in range(20):
             fn()
@@ -30,7 +78,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner
             for _ in range(inner):
                 fn()
             samples[name].append((time.perf_counter_ns() - start) / inner / 1e9)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return {name: Sample(v) for name, v in samples.items()}
 
 
 def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -74,9 +122,11 @@ def emit(name: str, rows: list[dict[str, Any]], columns: list[str], extra: dict[
     for r in rows:
         print("  ".join(_fmt(r.get(c)).rjust(widths[c]) for c in columns))
     for key, value in extra.items():
-        print(f"{key}: {json.dumps(value)}")
+        if key != "records":  # the summary's share; bench_all prints those as one table
+            print(f"{key}: {json.dumps(value, default=str)}")
     text = json.dumps(doc, indent=2, default=str)
-    print(text)
+    if os.environ.get("DRAFTGRAPH_BENCH_PRINT_JSON", "1") != "0":
+        print(text)
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -107,3 +157,23 @@ def env_info() -> dict[str, Any]:
     """Versions and threads, so figures can be compared."""
     return {"torch": torch.__version__, "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(), "python": sys.version.split()[0]}
+
+
+def machine_info() -> dict[str, Any]:
+    """What ran the benchmarks: CPU model and cores, memory, GPU (if any), OS, torch, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = None
+    try:
+        import psutil
+        mem = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "gpu": gpu,
+            "os": platform.platform(), "torch": torch.__version__, "python": sys.version.split()[0],
+            "threads": torch.get_num_threads()}

@@ -197,7 +197,7 @@ def test_reload_from_thread_every_step_matches_its_state():
         try:
             for i in range(50):
                 with progressed:
-                    progressed.wait_for(lambda: steps_done[0] >= 30 * (i + 1), timeout=60)
+                    progressed.wait_for(lambda i=i: steps_done[0] >= 30 * (i + 1), timeout=60)
                 w.reload(configs[(i + 1) % len(configs)])
         except BaseException as exc:  # surfaced in the main thread
             errors.append(exc)

@@ -279,6 +279,11 @@ class SpecDecodeEngine:
         return [self.result(i) for i in ids]
 
     # ---- report --------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        """Start the engine's counters afresh (tokens, steps, acceptance, stage seconds), e.g.
+        after a warm-up; the worker's counters and the requests are left as they are."""
+        self.stats_ = EngineStats()
+
     def stats(self) -> dict[str, Any]:
         """Engine figures plus the worker's counters and per-state statistics."""
         c = self.worker.counters.as_dict()
