@@ -32,31 +32,36 @@ def _configs(quick: bool) -> list[tuple[str, str, SpeculativeConfig, str]]:
     return out
 
 
-def _forward_costs(target, head, n: int = 4, reps: int = 30) -> dict[str, float]:
+def _forward_costs(target, head, device: str, n: int = 4, reps: int = 30) -> dict[str, float]:
     """Seconds of one target forward over 1 and n tokens and one draft forward, b=1."""
     cache = target.new_cache(2)
     prompt = list(held_out_prompts(1, seed=3)[0])
     prefill(target, cache, 1, prompt)
     L = len(prompt)
-    slots = torch.tensor([1])
+    slots = torch.tensor([1], device=device)
 
     def tgt(t: int):
-        pos = torch.arange(L, L + t)[None]
-        mask = torch.ones(1, t, L + t, dtype=torch.bool)
-        return lambda: target(torch.zeros(1, t, dtype=torch.long), pos, pos, slots, mask, cache)
+        pos = torch.arange(L, L + t, device=device)[None]
+        mask = torch.ones(1, t, L + t, dtype=torch.bool, device=device)
+        ids = torch.zeros(1, t, dtype=torch.long, device=device)
+        return lambda: target(ids, pos, pos, slots, mask, cache)
 
     head.allocate_cache(2)
-    state = head.initial_state(torch.zeros(1, head.cfg.dim), torch.tensor([1]), torch.tensor([L]))
-    fns = {"target_1": tgt(1), f"target_{n}": tgt(n),
-           "draft_1": lambda: head(torch.tensor([5]), state)}
+    state = head.initial_state(torch.zeros(1, head.cfg.dim, device=device),
+                               torch.tensor([1], device=device), torch.tensor([L], device=device))
+    five = torch.tensor([5], device=device)
+    fns = {"target_1": tgt(1), f"target_{n}": tgt(n), "draft_1": lambda: head(five, state)}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
     with torch.no_grad():
         for name, fn in fns.items():
             fn()
             samples = []
             for _ in range(reps):
+                sync()
                 s = time.perf_counter()
                 fn()
+                sync()
                 samples.append(time.perf_counter() - s)
             out[name] = statistics.median(samples)
     return out
@@ -67,16 +72,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (the cuda graph backend)")
     a = p.parse_args(argv)
     rounds = a.rounds or (1 if a.quick else 3)
     max_new = 32 if a.quick else 64
-    models = {k: default_models(draft=k) for k in ("eagle", "multi_layer")}
+    models = {k: default_models(draft=k, device=a.device) for k in ("eagle", "multi_layer")}
     target = models["eagle"][0]
     rows, records = [], []
     for conc in ((1, 4) if a.quick else (1, 4, 16)):
         prompts = [list(x) for x in held_out_prompts(conc, seed=40 + conc)]
         args_for = lambda spec: RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=16)),  # noqa: E731
-                                            max_running_requests=16)
+                                            max_running_requests=16, device=a.device)
         engines = {f"{name}|{be}": SpecDecodeEngine(args_for(spec), target, models[d][1], backend=be)
                    for name, d, spec, be in _configs(a.quick)}
         warm = [p[:16] for p in prompts]  # untimed: lazy init and allocator warm-up for every path
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"requests": conc, "config": "greedy", "backend": "-", "tokens_per_s": tokens / g,
                      "speedup": 1.0, "accept_length": 1.0})
         records.append(record("engine", f"greedy requests={conc}",
-                              {"config": "greedy", "requests": conc, "max_new": max_new},
+                              {"config": "greedy", "requests": conc, "max_new": max_new, "device": a.device},
                               "tokens_per_s", [tokens / x for x in times["greedy"]], backend="eager",
                               ratios={"speedup": 1.0, "accept_length": 1.0}))
         for key, ts in times.items():
@@ -117,10 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"requests": conc, "config": name, "backend": be, "tokens_per_s": tokens / t,
                          "speedup": g / t, "accept_length": accept[key]})
             records.append(record("engine", f"{name} {be} requests={conc}",
-                                  {"config": name, "requests": conc, "max_new": max_new},
+                                  {"config": name, "requests": conc, "max_new": max_new, "device": a.device},
                                   "tokens_per_s", [tokens / x for x in ts], backend=be,
                                   ratios={"speedup": g / t, "accept_length": accept[key]}))
-    costs = _forward_costs(target, models["eagle"][1])
+    costs = _forward_costs(target, models["eagle"][1], a.device)
     chain3 = [r for r in rows if r["requests"] == 1 and r["config"] == "chain S=3"]
     best = max(r["speedup"] for r in chain3)
     best_be = max(chain3, key=lambda r: r["speedup"])["backend"]

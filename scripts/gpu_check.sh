@@ -68,27 +68,41 @@ if [ "${#wheels[@]}" -gt 0 ]; then
     stage wheels 60 - "$PY" -m pip install --no-deps --no-index "${wheels[@]}"
 fi
 
-# Budget (seconds, limits not typical times): 120 + 45 + 30 + 30 + 40 + 40 + 30 = 335 < 360.
-stage pytest_cuda 120 - "$PY" -m pytest -q -m cuda tests -p no:cacheprovider \
+# Budget (seconds, limits not typical times): 100 + 45 + 30 + 30 + 35 + 30 + 30 + 55 = 355 < 360.
+stage pytest_cuda 100 - "$PY" -m pytest -q -m cuda tests -p no:cacheprovider \
     --junitxml="$OUT/junit-cuda.xml"
 stage gpu_probe 45 "$OUT/gpu_probe.json" "$PY" scripts/gpu_probe.py --json "$OUT/gpu_probe.json"
 stage bench_replay 30 "$OUT/bench_replay.json" "$PY" scripts/bench_replay.py --device cuda \
     --batch 1 8 64 --json "$OUT/bench_replay.json"
 stage bench_graphs 30 "$OUT/bench_graphs.json" "$PY" scripts/bench_graphs.py --quick \
     --json "$OUT/bench_graphs.json"
-stage bench_reload 40 "$OUT/bench_reload.json" "$PY" scripts/bench_reload.py --quick \
+stage bench_reload 35 "$OUT/bench_reload.json" "$PY" scripts/bench_reload.py --quick \
     --json "$OUT/bench_reload.json"
-stage bench_organize 40 "$OUT/bench_organize.json" "$PY" scripts/bench_organize.py --quick \
+stage bench_organize 30 "$OUT/bench_organize.json" "$PY" scripts/bench_organize.py --quick \
     --json "$OUT/bench_organize.json"
 if [ -f scripts/bench_topology.py ]; then
     stage bench_topology 30 "$OUT/bench_topology.json" "$PY" scripts/bench_topology.py --quick \
         --json "$OUT/bench_topology.json"
 fi
 
+# The engine on CUDA needs the default models. Training them does not fit this budget, so the
+# stage runs only with a model cache: copy ~/.cache/draftgraph to model-cache/ in the checkout
+# (ignored by git; about 51 MB, so it can travel with the working tree) or set DRAFTGRAPH_CACHE.
+# The cache key covers the corpus digest (the stdlib of the Python that trained them): a
+# different Python retrains, which the limit stops; the stage is then recorded as timed out.
+export DRAFTGRAPH_CACHE="${DRAFTGRAPH_CACHE:-$PWD/model-cache}"
+if ls "$DRAFTGRAPH_CACHE"/models-*.pt >/dev/null 2>&1; then
+    stage bench_engine 55 "$OUT/bench_engine.json" "$PY" scripts/bench_engine.py --quick \
+        --device cuda --json "$OUT/bench_engine.json"
+else
+    echo "== bench_engine: skipped (no model cache in $DRAFTGRAPH_CACHE)" | tee "$OUT/bench_engine.log"
+    STAGES+=("{\"name\": \"bench_engine\", \"rc\": null, \"skipped\": \"no model cache\", \"seconds\": 0, \"timeout_s\": 55, \"log\": \"bench_engine.log\", \"json\": null}")
+fi
+
 TORCH="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)"
 DEVICE="$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null || echo none)"
 ok=true
-for s in "${STAGES[@]}"; do [[ "$s" == *'"rc": 0,'* ]] || ok=false; done
+for s in "${STAGES[@]}"; do [[ "$s" == *'"rc": 0,'* || "$s" == *'"skipped"'* ]] || ok=false; done
 {
     printf '{"date": %s, "torch": %s, "device": %s, "total_s": %d, "ok": %s, "stages": [' \
         "$(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" "$(json_str "$TORCH")" "$(json_str "$DEVICE")" \
