@@ -84,7 +84,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             self.last_state = state
             state.stats.steps += 1
             graphs = state.graphs
-            if graphs is not None and state.graph_spec == state.spec:
+            if graphs is not None and (state.graph_spec is state.spec or state.graph_spec == state.spec):
                 padded = graphs.padded_size(b)
                 if padded is not None:
                     return self._replay(state, graphs, padded, topk_p, topk_index, hidden)
