@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span, spans_active
+from draftgraph.graphs import span
 
+from .chain import chain_fast_views
 from .config import RuntimeArgs
 from .draft_input import checked_topk
 from .organize import organize_chain_steps
@@ -47,19 +48,10 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
             self._apply_pending()
         topk_p, topk_index, (b, width) = checked_topk(draft_input)
         state = self._state  # one read: a concurrent swap cannot mix two states
-        buf = state.chain_buffers
-        s = state.spec.num_steps
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)
-        if buf is not None and buf.key.num_steps == s == width and b <= buf.key.capacity:
-            self.counters.fast_path_hits += 1
-            if spans_active():  # the hot path skips even the span's arguments when nobody listens
-                with span("organize_fast", bs=b, num_steps=s):
-                    parents, score_indices = buf.view(b)
-            else:
-                parents, score_indices = buf.view(b)
-            return parents, score_indices, topk_index
-        if buf is not None and width == s:
-            self.counters.capacity_fallbacks += 1
+        views = chain_fast_views(state.chain_buffers, state.spec.num_steps, width, b, self.counters)
+        if views is not None:
+            return views[0], views[1], topk_index
         hidden = getattr(draft_input, "hidden_states", None)
         return self._draft_forward_organize(topk_p, topk_index, hidden, state.spec.num_steps,
                                             state.spec.num_draft_tokens)

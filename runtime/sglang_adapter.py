@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span, spans_active
+from draftgraph.graphs import span
 
-from .chain import ChainBuffers
+from .chain import ChainBuffers, chain_fast_views
 from .sglang_config import (
     _published_server_args,
     graph_config_from_sglang,
@@ -214,19 +214,12 @@ class SGLangChainHandle:
         topk_p, topk_index = spec_info.topk_p, spec_info.topk_index
         if self._nan_check is not None:
             self._nan_check(topk_p, "draft_forward: NaN in initial topk_p from spec_info")
-        buf = self.active  # one read: a concurrent rebuild cannot mix two buffer sets
         s = w.speculative_num_steps
         b, width = topk_index.shape[0], topk_index.shape[-1]
-        if buf is not None and buf.num_steps == s == width and b <= buf.capacity:
-            self.counters.fast_path_hits += 1
-            if spans_active():
-                with span("organize_fast", bs=b, num_steps=s):
-                    parents, score_indices = buf.view(b)
-            else:
-                parents, score_indices = buf.view(b)
-            return parents, score_indices, topk_index
-        if buf is not None and width == s:
-            self.counters.capacity_fallbacks += 1
+        # self.active is read once: a concurrent rebuild cannot mix two buffer sets
+        views = chain_fast_views(self.active, s, width, b, self.counters)
+        if views is not None:
+            return views[0], views[1], topk_index
         self.counters.tree_path_calls += 1
         with span("organize_tree", bs=b, num_steps=s):
             return w._draft_forward_organize(topk_p, topk_index, spec_info.hidden_states)
