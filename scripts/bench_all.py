@@ -37,8 +37,6 @@ def run_one(name: str, out: str, quick: bool) -> tuple[dict, list[dict]]:
         return info, []
     argv = ["--json", info["json"]] + (["--quick"] if quick else [])
     start = time.perf_counter()
-    old = os.environ.get("DRAFTGRAPH_BENCH_PRINT_JSON")
-    os.environ["DRAFTGRAPH_BENCH_PRINT_JSON"] = "0"  # the JSON goes to its file, the table to the log
     try:
         with open(log, "w") as f, contextlib.redirect_stdout(f):
             doc = mod.main(argv)
@@ -47,10 +45,6 @@ def run_one(name: str, out: str, quick: bool) -> tuple[dict, list[dict]]:
         return info, []
     finally:
         info["seconds"] = round(time.perf_counter() - start, 1)
-        if old is None:
-            os.environ.pop("DRAFTGRAPH_BENCH_PRINT_JSON", None)
-        else:
-            os.environ["DRAFTGRAPH_BENCH_PRINT_JSON"] = old
     records = list(doc.get("records", []))
     if records:
         info["name"] = records[0]["benchmark"]

@@ -20,18 +20,16 @@ stable: the difference of two minima (the reduction first used) swung the manage
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, record, synced, target
+from benchutil import emit, record, synced, target, time_interleaved
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -45,31 +43,6 @@ from draftgraph.runtime import (
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 MANAGER_TARGET = 1.5  # (run - graph) / floor
 WORKER_TARGET = 0.10  # (worker - run) / run
-
-
-def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, inner: int) -> dict[str, list[float]]:
-    """Seconds per call of each fn in each of ``rounds`` rounds; each round runs them in turn.
-
-    The garbage collector is off while timing (as in ``timeit``): a collection landing in one
-    fn's window would be charged to it alone.
-    """
-    for fn in fns.values():
-        for _ in range(max(inner, 20)):
-            fn()
-    per_round: dict[str, list[float]] = {name: [] for name in fns}
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                start = time.perf_counter_ns()
-                for _ in range(inner):
-                    fn()
-                per_round[name].append((time.perf_counter_ns() - start) / inner / 1e9)
-    finally:
-        if enabled:
-            gc.enable()
-    return per_round
 
 
 def build(device: str, backend: str, num_steps: int) -> EagleDraftWorker:
@@ -108,7 +81,7 @@ def measure(worker: EagleDraftWorker, b: int, device: str, rounds: int, inner: i
     fns = timed_fns(worker, b, device)
     if device != "cpu":
         fns = {k: synced(f) for k, f in fns.items()}
-    per_round = time_rounds(fns, rounds, inner)
+    per_round = {k: v.values for k, v in time_interleaved(fns, rounds, inner, gc_off=True).items()}
     t = {k: statistics.median(v) * 1e6 for k, v in per_round.items()}
 
     def paired(a: str, b: str) -> float:

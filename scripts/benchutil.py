@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -64,20 +65,28 @@ def record(benchmark: str, case: str, params: dict[str, Any], metric: str, value
             "targets": list(targets or [])}
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner: int = 200
-                     ) -> dict[str, Sample]:
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 15, inner: int = 200,
+                     gc_off: bool = False) -> dict[str, Sample]:
     """Median seconds per call of each fn (a `Sample`, with the per-round figures); rounds run
-    the fns in turn so drift hits all alike."""
+    the fns in turn so drift hits all alike. ``gc_off`` keeps the garbage collector off while
+    timing (as ``timeit`` does): a collection landing in one fn's window is charged to it alone."""
     for fn in fns.values():  # warm up caches and lazy init
         for _ in range(20):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter_ns()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter_ns() - start) / inner / 1e9)
+    enabled = gc.isenabled()
+    if gc_off:
+        gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                start = time.perf_counter_ns()
+                for _ in range(inner):
+                    fn()
+                samples[name].append((time.perf_counter_ns() - start) / inner / 1e9)
+    finally:
+        if enabled:
+            gc.enable()
     return {name: Sample(v) for name, v in samples.items()}
 
 
@@ -125,8 +134,7 @@ def emit(name: str, rows: list[dict[str, Any]], columns: list[str], extra: dict[
         if key != "records":  # the summary's share; bench_all prints those as one table
             print(f"{key}: {json.dumps(value, default=str)}")
     text = json.dumps(doc, indent=2, default=str)
-    if os.environ.get("DRAFTGRAPH_BENCH_PRINT_JSON", "1") != "0":
-        print(text)
+    print(text)
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
