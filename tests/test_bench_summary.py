@@ -20,11 +20,42 @@ BENCHES = {"bench_engine": "engine", "bench_organize": "organize", "bench_graphs
            "bench_ranks": "ranks"}
 
 
-def _summary_module():
-    spec = importlib.util.spec_from_file_location("bench_summary", ROOT / "scripts" / "bench_summary.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _summary_module():
+    return _script("bench_summary")
+
+
+def test_sample_keeps_its_measurements_and_reports_their_spread() -> None:
+    bu = _script("benchutil")
+    s = bu.Sample([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert float(s) == 3.0 and s.values == (5.0, 1.0, 3.0, 2.0, 4.0)
+    assert type(s * 2.0) is float and s * 2.0 == 6.0
+    # quartiles by the exclusive method: positions (n+1)/4 and 3(n+1)/4 of the sorted values
+    assert bu.spread(s.values) == {"min": 1.0, "p25": 1.5, "p75": 4.5, "max": 5.0, "n": 5}
+    assert bu.spread([7.0]) == {"min": 7.0, "p25": 7.0, "p75": 7.0, "max": 7.0, "n": 1}
+    with pytest.raises(ValueError, match="at least one"):
+        bu.Sample([])
+    rec = bu.record("x", "c", {}, "us", s, backend="eager", scale=10.0, ratios={"r": 1, "skip": None})
+    assert rec["median"] == 30.0 and rec["spread"]["max"] == 50.0 and rec["ratios"] == {"r": 1.0}
+
+
+@pytest.mark.parametrize("value, op, limit, met", [
+    (1.4, "<=", 1.5, True), (1.6, "<=", 1.5, False), (15.0, ">=", 15, True), (14.9, ">=", 15, False),
+    (0, "==", 0, True), (1, "==", 0, False)])
+def test_target_verdicts(value, op, limit, met) -> None:
+    t = _script("benchutil").target("t", value, op, limit)
+    assert t["met"] is met and (t["value"], t["op"], t["limit"]) == (value, op, limit)
+
+
+def test_target_rejects_an_unknown_operator() -> None:
+    with pytest.raises(ValueError, match="op='<'"):
+        _script("benchutil").target("t", 1.0, "<", 2.0)
 
 
 def _valid_doc() -> dict:

@@ -64,3 +64,23 @@ def test_acceptance_on_held_out_prompts():
     out = engine.generate(prompts, 48)
     assert out == greedy_generate(target, prompts, 48)
     assert engine.stats()["accept_length_mean"] >= 2.5
+
+
+def test_reset_stats_starts_the_counters_afresh():
+    """After a warm-up and reset_stats, stats() describe only what ran since: the same figures
+    as a fresh engine serving the same requests (the engine is deterministic)."""
+    target, head = models("eagle")
+    prompts = [list(p) for p in held_out_prompts(2, seed=33)]
+    warmed = _engine()
+    warmed.generate([p[:8] for p in prompts], 4)
+    assert warmed.stats()["tokens_generated"] == 8
+    warmed.reset_stats()
+    zero = warmed.stats()
+    assert (zero["tokens_generated"], zero["steps"], zero["request_verifies"]) == (0, 0, 0)
+    assert zero["accept_length_mean"] == 0.0
+    out = warmed.generate(prompts, 16)
+    fresh = _engine()
+    assert out == fresh.generate(prompts, 16)
+    keys = ("tokens_generated", "committed", "request_verifies", "verify_steps", "accept_length_mean")
+    assert {k: warmed.stats()[k] for k in keys} == {k: fresh.stats()[k] for k in keys}
+    assert warmed.stats()["tokens_generated"] == 32
