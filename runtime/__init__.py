@@ -29,8 +29,8 @@ from .organize import (
 )
 from .rank_launch import RankLaunchError, spawn_ranks
 from .reload import RELOAD_POLICIES, ReloadError
-from .sglang_adapter import install_chain_buffers
-from .sglang_config import runtime_args_from_sglang
+from .sglang.adapter import install_chain_buffers
+from .sglang.config import runtime_args_from_sglang
 from .state import DraftCounters, RuntimeState, StateStats
 from .topology import (
     TopologyBufferCache,

@@ -227,8 +227,8 @@ class RuntimeArgs:
     @classmethod
     def from_sglang(cls, server_args: Any = None) -> RuntimeArgs:
         """SGLang's configuration as SGLang's workers see it: the published runtime context, a
-        resolved ServerArgs, or plain attributes (see `sglang_config.runtime_args_from_sglang`)."""
-        from .sglang_config import runtime_args_from_sglang  # it imports this module
+        resolved ServerArgs, or plain attributes (see `sglang.config.runtime_args_from_sglang`)."""
+        from .sglang.config import runtime_args_from_sglang  # imported on call: that module imports this one
 
         return runtime_args_from_sglang(server_args)
 

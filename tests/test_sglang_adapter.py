@@ -18,7 +18,7 @@ from sglang_support import import_sglang, published, resolved_server_args, write
 
 from conftest import assert_same
 from draftgraph.graphs import record_spans
-from draftgraph.runtime.sglang_adapter import install_chain_buffers
+from draftgraph.runtime.sglang.adapter import install_chain_buffers
 
 
 @pytest.fixture(scope="module")

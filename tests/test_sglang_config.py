@@ -15,7 +15,7 @@ from sglang_support import import_sglang, published, resolved_server_args, write
 
 from draftgraph.graphs import capture_batch_sizes
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity
-from draftgraph.runtime.sglang_adapter import runtime_args_from_sglang, sglang_chain_capacity
+from draftgraph.runtime.sglang.config import runtime_args_from_sglang, sglang_chain_capacity
 from draftgraph.runtime.validation import ConfigTypeError
 
 CASES = {

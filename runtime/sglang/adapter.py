@@ -7,7 +7,10 @@ reads freed memory. `install_chain_buffers` patches one worker instance so that 
 its tensors from draftgraph's chain-buffer cache: the same (S, capacity, device) gives the very
 same tensors. For ``MultiLayerEagleDraftWorker`` it also replaces ``draft_forward`` with
 draftgraph's key check (buffers built for the current S, S columns, b <= capacity), falling back
-to SGLang's own ``_draft_forward_organize``. Nothing in SGLang is imported here.
+to SGLang's own ``_draft_forward_organize``. Nothing in SGLang is imported at module level; the
+one import, SGLang's ``maybe_detect_nan`` (`_sglang_nan_check`), happens only for a worker whose
+class comes from sglang, when sglang is loaded already. `runtime_args_from_sglang` lives in
+`draftgraph.runtime.sglang.config`.
 """
 
 from __future__ import annotations
@@ -19,24 +22,12 @@ import torch
 
 from draftgraph.graphs import span
 
-from .chain import ChainBuffers, chain_fast_views
-from .sglang_config import (
-    _published_server_args,
-    graph_config_from_sglang,
-    runtime_args_from_sglang,
-    sglang_chain_capacity,
-)
-from .state import DraftCounters
-from .validation import require_positive_int
+from ..chain import ChainBuffers, chain_fast_views
+from ..state import DraftCounters
+from ..validation import require_positive_int
+from .config import _published_server_args, sglang_chain_capacity
 
-__all__ = [
-    "ChainSet",
-    "SGLangChainHandle",
-    "graph_config_from_sglang",
-    "install_chain_buffers",
-    "runtime_args_from_sglang",
-    "sglang_chain_capacity",
-]
+__all__ = ["ChainSet", "SGLangChainHandle", "install_chain_buffers"]
 
 logger = logging.getLogger(__name__)
 

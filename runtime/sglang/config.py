@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig, chain_capacity
-from .validation import ConfigTypeError
+from ..config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig, chain_capacity
+from ..validation import ConfigTypeError
 
 __all__ = ["runtime_args_from_sglang", "graph_config_from_sglang", "sglang_chain_capacity", "SGLANG_DECODE_BACKENDS"]
 
