@@ -25,11 +25,11 @@ demo: $(STAMP)
 	$(VENV)/bin/draftgraph simulate
 
 bench: $(STAMP)
-	$(PY) scripts/bench_all.py $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m scripts.bench_all $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 plots: $(STAMP)
 	$(PY) -m pip install -q "matplotlib>=3.7" "python-dateutil>=2.8,<3"
-	$(PY) scripts/bench_plots.py bench-results/summary.json --out docs
+	$(PY) -m scripts.bench_plots bench-results/summary.json --out docs
 
 lint: $(STAMP)
 	$(PY) -m ruff check runtime graphs tests scripts

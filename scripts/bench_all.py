@@ -10,13 +10,21 @@ import datetime
 import importlib
 import json
 import os
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_summary import SCHEMA_VERSION, table, validate_summary  # noqa: E402
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python scripts/bench_all.py`, as `draftgraph bench` does): run it again as
+    # the module `scripts.bench_all`, with the checkout on PYTHONPATH and the caller's directory
+    # kept, so the package imports below resolve and --out stays relative to where it was asked.
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _path = os.pathsep.join(filter(None, (_root, os.environ.get("PYTHONPATH"))))
+    sys.exit(subprocess.call([sys.executable, "-m", "scripts.bench_all", *sys.argv[1:]],
+                             env=dict(os.environ, PYTHONPATH=_path)))
 
-from benchutil import machine_info  # noqa: E402
+from scripts.bench_summary import SCHEMA_VERSION, table, validate_summary  # noqa: E402
+from scripts.benchutil import machine_info  # noqa: E402
 
 BENCHES = ("bench_engine", "bench_organize", "bench_graphs", "bench_replay", "bench_reload",
            "bench_topology", "bench_ranks")
@@ -31,7 +39,7 @@ def run_one(name: str, out: str, quick: bool) -> tuple[dict, list[dict]]:
     log = os.path.join(out, f"{name}.log")
     info: dict = {"name": name, "status": "ok", "json": os.path.join(out, f"{name}.json"), "log": log}
     try:
-        mod = importlib.import_module(name)
+        mod = importlib.import_module(f"scripts.{name}")
     except ModuleNotFoundError as exc:
         info.update(status="unavailable", error=repr(exc))
         return info, []
@@ -62,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     label = _machine_label(machine)
     summary = {"schema": SCHEMA_VERSION, "created": datetime.datetime.now(datetime.timezone.utc)
                .isoformat(timespec="seconds"), "quick": a.quick, "machine": machine,
-               "command": "python scripts/bench_all.py" + (" --quick" if a.quick else ""),
+               "command": "python -m scripts.bench_all" + (" --quick" if a.quick else ""),
                "benchmarks": {}, "records": []}
     for name in a.only or BENCHES:
         print(f"{name} ...", file=sys.stderr, flush=True)

@@ -12,13 +12,13 @@ import time
 
 import torch
 
-from benchutil import emit, record
-from benchutil import target as stated_target
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models, greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
 from draftgraph.runtime.models.greedy import prefill
+from scripts.benchutil import emit, record
+from scripts.benchutil import target as stated_target
 
 STATIC = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, record, synced, target, time_interleaved
 from draftgraph.graphs import GraphCaptureManager
 from draftgraph.runtime import (
     CudaGraphConfig,
@@ -26,6 +23,7 @@ from draftgraph.runtime import (
     TinyDraftModel,
     make_draft_input,
 )
+from scripts.benchutil import emit, record, synced, target, time_interleaved
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONFIGS = {"chain": (3, 1, None), "tree": (3, 4, 8)}

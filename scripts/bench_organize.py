@@ -10,14 +10,10 @@ JSON (``--json PATH`` also writes it), with one summary record per case and vari
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import count_ops, emit, load_sglang, record, synced, target, time_interleaved  # noqa: E402
-from draftgraph.runtime import (  # noqa: E402
+from draftgraph.runtime import (
     CudaGraphConfig,
     DraftInput,
     EagleDraftWorker,
@@ -28,6 +24,7 @@ from draftgraph.runtime import (  # noqa: E402
     TinyDraftModel,
     organize_chain_steps,
 )
+from scripts.benchutil import count_ops, emit, load_sglang, record, synced, target, time_interleaved
 
 BATCHES = (1, 8, 64, 256)
 STEPS = (1, 3, 5)

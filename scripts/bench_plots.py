@@ -1,4 +1,4 @@
-"""The README's plots, drawn from a benchmark summary (``make bench`` then ``make plots``).
+"""The plots of docs/performance.md, drawn from a benchmark summary (``make bench`` then ``make plots``).
 
 Writes PNGs (matplotlib, the optional ``bench`` extra) into ``--out`` (default docs/):
 

@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, record, target
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -42,9 +39,9 @@ from draftgraph.runtime import (
     TinyDraftModel,
     make_draft_input,
 )
-from draftgraph.runtime.distributed import RankCoordinator
-from draftgraph.runtime.rank_launch import spawn_ranks
-from draftgraph.runtime.rank_protocol import open_store
+from draftgraph.runtime.ranks import RankCoordinator, spawn_ranks
+from draftgraph.runtime.ranks.protocol import open_store
+from scripts.benchutil import emit, record, target
 
 MODES = (("poll", 1), ("poll", 8), ("poll", 32), ("stamp", 8))
 TARGET = 0.05  # coordinator time / draft step time at poll_every 8

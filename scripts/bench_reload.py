@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
-import sys
 import threading
 import time
 
 import psutil
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, record, target
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -28,6 +24,7 @@ from draftgraph.runtime import (
     SpeculativeConfig,
     TinyDraftModel,
 )
+from scripts.benchutil import emit, record, target
 
 POLICIES = ("swap", "release_first")
 

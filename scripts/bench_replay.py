@@ -20,16 +20,12 @@ stable: the difference of two minima (the reduction first used) swung the manage
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, record, synced, target, time_interleaved
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -39,6 +35,7 @@ from draftgraph.runtime import (
     TinyDraftModel,
     make_draft_input,
 )
+from scripts.benchutil import emit, record, synced, target, time_interleaved
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 MANAGER_TARGET = 1.5  # (run - graph) / floor

@@ -3,7 +3,7 @@ Markdown rendering for the README.
 
 One record per case (see ``benchutil.record``): benchmark, case, backend, params, metric,
 median and spread over the repeats, the ratios the targets are stated in, the targets with
-their verdicts, and the machine and torch version that ran it. ``python scripts/bench_summary.py
+their verdicts, and the machine and torch version that ran it. ``python -m scripts.bench_summary
 [summary.json] [--markdown]`` prints the table (or Markdown) of a written summary.
 """
 

@@ -10,25 +10,22 @@ aten ops dispatched per call, and the captured step's graph nodes with and witho
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import count_ops, emit, record, synced, target, time_interleaved  # noqa: E402
-from draftgraph.graphs import GraphCaptureManager  # noqa: E402
-from draftgraph.runtime.config import (  # noqa: E402
+from draftgraph.graphs import GraphCaptureManager
+from draftgraph.runtime.config import (
     CudaGraphConfig,
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
 )
-from draftgraph.runtime.eagle_worker import EagleDraftWorker  # noqa: E402
-from draftgraph.runtime.models import TinyDraftModel, make_draft_input  # noqa: E402
-from draftgraph.runtime.organize import organize_draft_results  # noqa: E402
-from draftgraph.runtime.tree import build_tree  # noqa: E402
+from draftgraph.runtime.eagle_worker import EagleDraftWorker
+from draftgraph.runtime.models import TinyDraftModel, make_draft_input
+from draftgraph.runtime.organize import organize_draft_results
+from draftgraph.runtime.tree import build_tree
+from scripts.benchutil import count_ops, emit, record, synced, target, time_interleaved
 
 BATCHES = (1, 64, 256)
 STATIC_TREES = {  # EAGLE-1-like shapes: wide near the root, one long spine
@@ -63,8 +60,7 @@ def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
     n, s = spec.num_draft_tokens, spec.num_steps
     buf = state.static_buffers()
     if buf is not None:
-        tokens = worker.draft_step(state, inp.topk_p, inp.topk_index, inp.hidden_states,
-                                   organize=False, count=False)
+        tokens = worker.draft_tokens(state, inp.topk_p, inp.topk_index, inp.hidden_states)
 
         def run() -> Any:
             parents, indices = buf.view(b)  # the whole static organize

@@ -71,17 +71,17 @@ fi
 # Budget (seconds, limits not typical times): 100 + 45 + 30 + 30 + 35 + 30 + 30 + 55 = 355 < 360.
 stage pytest_cuda 100 - "$PY" -m pytest -q -m cuda tests -p no:cacheprovider \
     --junitxml="$OUT/junit-cuda.xml"
-stage gpu_probe 45 "$OUT/gpu_probe.json" "$PY" scripts/gpu_probe.py --json "$OUT/gpu_probe.json"
-stage bench_replay 30 "$OUT/bench_replay.json" "$PY" scripts/bench_replay.py --device cuda \
+stage gpu_probe 45 "$OUT/gpu_probe.json" "$PY" -m scripts.gpu_probe --json "$OUT/gpu_probe.json"
+stage bench_replay 30 "$OUT/bench_replay.json" "$PY" -m scripts.bench_replay --device cuda \
     --batch 1 8 64 --json "$OUT/bench_replay.json"
-stage bench_graphs 30 "$OUT/bench_graphs.json" "$PY" scripts/bench_graphs.py --quick \
+stage bench_graphs 30 "$OUT/bench_graphs.json" "$PY" -m scripts.bench_graphs --quick \
     --json "$OUT/bench_graphs.json"
-stage bench_reload 35 "$OUT/bench_reload.json" "$PY" scripts/bench_reload.py --quick \
+stage bench_reload 35 "$OUT/bench_reload.json" "$PY" -m scripts.bench_reload --quick \
     --json "$OUT/bench_reload.json"
-stage bench_organize 30 "$OUT/bench_organize.json" "$PY" scripts/bench_organize.py --quick \
+stage bench_organize 30 "$OUT/bench_organize.json" "$PY" -m scripts.bench_organize --quick \
     --json "$OUT/bench_organize.json"
 if [ -f scripts/bench_topology.py ]; then
-    stage bench_topology 30 "$OUT/bench_topology.json" "$PY" scripts/bench_topology.py --quick \
+    stage bench_topology 30 "$OUT/bench_topology.json" "$PY" -m scripts.bench_topology --quick \
         --json "$OUT/bench_topology.json"
 fi
 
@@ -92,7 +92,7 @@ fi
 # different Python retrains, which the limit stops; the stage is then recorded as timed out.
 export DRAFTGRAPH_CACHE="${DRAFTGRAPH_CACHE:-$PWD/model-cache}"
 if ls "$DRAFTGRAPH_CACHE"/models-*.pt >/dev/null 2>&1; then
-    stage bench_engine 55 "$OUT/bench_engine.json" "$PY" scripts/bench_engine.py --quick \
+    stage bench_engine 55 "$OUT/bench_engine.json" "$PY" -m scripts.bench_engine --quick \
         --device cuda --json "$OUT/bench_engine.json"
 else
     echo "== bench_engine: skipped (no model cache in $DRAFTGRAPH_CACHE)" | tee "$OUT/bench_engine.log"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import sys
 import time
 import traceback
@@ -19,8 +18,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import emit, synced, time_interleaved
+from scripts.benchutil import emit, synced, time_interleaved
 
 BATCHES = (1, 8, 64)
 STATES = {"chain_s2": (2, 1, None), "chain_s3": (3, 1, None), "chain_s4": (4, 1, None),

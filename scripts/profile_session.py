@@ -6,7 +6,7 @@ one size above the largest graph, so replays and an eager fallback both appear) 
 models, a few requests, no greedy baseline), like ``draftgraph simulate --profile DIR``.
 Either way ``OUT_DIR/trace.json`` opens at https://ui.perfetto.dev or chrome://tracing. For
 Nsight Systems on a GPU: ``DRAFTGRAPH_NVTX=1 nsys profile -t cuda,nvtx -o out python
-scripts/profile_session.py OUT_DIR`` (NVTX domain "draftgraph"; see
+-m scripts.profile_session OUT_DIR`` (NVTX domain "draftgraph"; see
 draftgraph.runtime.engine.profiling).
 """
 

@@ -68,7 +68,7 @@ def _valid_doc() -> dict:
            "machine": "cpu (2 cores)", "torch": "2.14.1"}
     other = dict(rec, case="b=1 S=3 bare", median=4.0, ratios={}, targets=[])
     return {"schema": 1, "created": "2026-12-03T00:00:00+00:00", "quick": True,
-            "machine": {"cpu": "cpu", "cores": 2}, "command": "python scripts/bench_all.py --quick",
+            "machine": {"cpu": "cpu", "cores": 2}, "command": "python -m scripts.bench_all --quick",
             "benchmarks": {"bench_organize": {"name": "organize", "status": "ok"}},
             "records": [rec, other]}
 
@@ -102,7 +102,7 @@ def test_schema_check_names_what_is_wrong(mutate, message) -> None:
 def test_quick_bench_writes_a_summary_of_every_benchmark(tmp_path) -> None:
     out = tmp_path / "bench"
     try:
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_all.py"), "--quick",
+        proc = subprocess.run([sys.executable, "-m", "scripts.bench_all", "--quick",
                                "--out", str(out)], cwd=ROOT, capture_output=True,
                               text=True, timeout=1200)
     except subprocess.TimeoutExpired as exc:
