@@ -27,7 +27,7 @@ from .organize import (
     organize_draft_results,
     select_top_k_tokens,
 )
-from .rank_launch import RankLaunchError, spawn_ranks
+from .ranks.launch import RankLaunchError, spawn_ranks
 from .reload import RELOAD_POLICIES, ReloadError
 from .sglang.adapter import install_chain_buffers
 from .sglang.config import runtime_args_from_sglang

@@ -31,8 +31,8 @@ from draftgraph.runtime import (
     install_reload_signal,
     make_draft_input,
 )
-from draftgraph.runtime.distributed import ProposalRejected, RankCoordinator, RankMismatchError
-from draftgraph.runtime.rank_launch import RankLaunchError, spawn_ranks
+from draftgraph.runtime.ranks.coordinator import ProposalRejected, RankCoordinator, RankMismatchError
+from draftgraph.runtime.ranks.launch import RankLaunchError, spawn_ranks
 
 WORLD = 3
 POLL = 4

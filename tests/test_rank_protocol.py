@@ -12,8 +12,8 @@ import pytest
 import torch.distributed as dist
 
 from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime import rank_protocol as rp
-from draftgraph.runtime.rank_protocol import RankProtocol, RankTimeout
+from draftgraph.runtime.ranks import protocol as rp
+from draftgraph.runtime.ranks.protocol import RankProtocol, RankTimeout
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
                               adaptive_steps=cfg.adaptive_steps or None)
     if rank is not None:
-        from draftgraph.runtime.distributed import RankCoordinator
+        from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
     rss_setup = _rss_mib() - rss0
     old = None

@@ -17,7 +17,7 @@ rank must replay the same state at every step. A `RankCoordinator` wraps one ran
   `stamp()` and sends the three ints with its own broadcast; every rank (the leader too) then
   calls `apply(stamp)` instead of `step()`.
 
-Everything travels through the process group's c10d store (see `rank_protocol` for why not
+Everything travels through the process group's c10d store (see `protocol` for why not
 collectives); every wait is bounded by ``timeout_s`` and a timeout names the missing rank.
 Serving loop, on every rank::
 
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import RuntimeArgs
-from .rank_protocol import RankProtocol, RankTimeout
-from .reload import RELOAD_POLICIES, ReloadError
-from .validation import ConfigTypeError, require_positive_int
+from ..config import RuntimeArgs
+from ..reload import RELOAD_POLICIES, ReloadError
+from ..validation import ConfigTypeError, require_positive_int
+from .protocol import RankProtocol, RankTimeout
 
 __all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankMismatchError",
            "RankTimeout", "startup_fingerprint"]
@@ -131,7 +131,7 @@ class RankCoordinator:
                 raise ConfigTypeError(f"worker={type(worker).__name__}: needs {method} (a draft worker)")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
-                               "(draftgraph.runtime.rank_launch.spawn_ranks does it for CPU processes)")
+                               "(draftgraph.runtime.spawn_ranks does it for CPU processes)")
         self.worker = worker
         self.timeout_s = float(timeout_s)
         self.rank = dist.get_rank(group)
