@@ -1,17 +1,18 @@
 """Embedded default models: byte tokenizer, a small Llama-style target, an EAGLE draft head,
 a multi-layer (MTP-style) draft, first-use training with a cache, and the greedy reference.
 
-`TinyDraftModel` / `make_draft_input` are the component's small test model and input maker.
+`TinyDraftModel` / `make_draft_input` (the component's small test model and input maker) live in
+`draftgraph.runtime.testing` and are re-exported here for existing imports.
 """
 
 from __future__ import annotations
 
+from ..testing import TinyDraftModel, make_draft_input
 from .defaults import default_models, model_cache_dir
 from .eagle_head import EagleDraftHead
 from .greedy import greedy_generate
 from .multi_layer import MultiLayerDraft
 from .target import TargetModel
-from .tiny import TinyDraftModel, make_draft_input
 from .tokenizer import ByteTokenizer, default_tokenizer
 
 __all__ = [

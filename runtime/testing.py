@@ -1,7 +1,8 @@
-"""Tiny deterministic draft model and input generator for tests, examples and the demo (CPU or GPU).
+"""Tiny deterministic draft model and input generator for tests, examples and benchmarks (CPU or GPU).
 
-The model is capturable: a fixed sequence of tensor ops, no host reads, no allocation that
-depends on values.
+Part of the component: it imports nothing from `runtime/models` or `runtime/engine` (the
+embedded default models re-export these two names). The model is capturable: a fixed sequence
+of tensor ops, no host reads, no allocation that depends on values.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..draft_input import DraftInput
+from .draft_input import DraftInput
 
 __all__ = ["TinyDraftModel", "make_draft_input"]
 
