@@ -6,6 +6,8 @@ makes the draft tree static; TOML writes it the same way):
                      "tree_choices": null},
      "cuda_graph_config": {"decode": {"max_bs": 32, "bs": null, "disabled": false}},
      "max_running_requests": 64, "device": "cpu"}
+
+TOML needs Python 3.11+ (``tomllib``) or the ``tomli`` package on 3.10; JSON works everywhere.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ import json
 import logging
 import os
 import signal as _signal
+import sys
 from collections.abc import Callable
 from typing import Any
-
-import tomllib
 
 from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 
@@ -36,13 +37,29 @@ def load_runtime_args(path: str | os.PathLike[str]) -> RuntimeArgs:
     try:
         with open(path, "rb") as f:
             raw = f.read()
-        data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+        data = _toml_loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
     except (OSError, ValueError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise ValueError(f"runtime args file {path!r}: cannot read it ({exc})") from exc
     try:
         return runtime_args_from_dict(data)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"runtime args file {path!r}: {exc}") from exc
+
+
+def _toml_loads(text: str) -> Any:
+    """Parse TOML with ``tomllib`` (3.11+) or ``tomli``; neither is a ValueError naming both."""
+    try:
+        import tomllib
+    except ImportError:
+        try:
+            import tomli as tomllib
+        except ImportError:
+            version = ".".join(map(str, sys.version_info[:2]))
+            raise ValueError(
+                f"reading TOML needs Python 3.11+ (tomllib) or the 'tomli' package on Python "
+                f"{version}: pip install tomli, or write the file as JSON"
+            ) from None
+    return tomllib.loads(text)
 
 
 def runtime_args_from_dict(data: Any) -> RuntimeArgs:
