@@ -86,3 +86,17 @@ def test_simulate_profile_writes_trace_with_spans(tmp_path):
     prof = r["profile"]  # the summary: the profiler's ranges agree with the span recorder
     assert prof["trace"] == str(tmp_path / "trace.json") and prof["wall_s"] > 0
     assert prof["spans"]["replay"] == r["spans"]["replay"] == r["graph_replays"] > 0
+
+
+@pytest.mark.parametrize("argv,command", [(["simulate"], "_simulate"), (["generate", "hi"], "_generate")])
+def test_ctrl_c_prints_one_line_and_exits_130(argv, command, monkeypatch, capsys):
+    from draftgraph.runtime.engine import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, command, interrupted)
+    assert cli.main(argv) == 130
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [f"draftgraph: {argv[0]} interrupted"]

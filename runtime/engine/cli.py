@@ -1,7 +1,8 @@
 """The `draftgraph` command: simulate (a serving loop), generate, info, bench.
 
 Bad flags and bad values exit 2 with one line naming the field; a bad reload file during
-`simulate` is reported and the loop keeps serving the previous state.
+`simulate` is reported and the loop keeps serving the previous state; Ctrl-C prints one line and
+exits 130.
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"draftgraph: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT, no traceback
+        print(f"draftgraph: {ns.cmd} interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

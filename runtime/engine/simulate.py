@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import signal as _signal
 import sys
@@ -13,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 
 from draftgraph.runtime import RuntimeArgs, load_runtime_args
@@ -57,7 +57,18 @@ class SimulationConfig:
 
 
 def _rss_mib() -> float:
-    return psutil.Process().memory_info().rss / 2**20
+    """Resident set size in MiB: psutil when installed, else /proc/self/statm, else NaN."""
+    try:
+        import psutil  # the `test` extra; a plain install reads /proc instead
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        return psutil.Process().memory_info().rss / 2**20
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError, AttributeError):
+        return float("nan")
 
 
 def _reload_from(engine: SpecDecodeEngine, path: str, why: str) -> None:
