@@ -1,99 +1,89 @@
-"""draftgraph.runtime: speculative-decoding side of draftgraph.
+"""draftgraph.runtime: the speculative-decoding component of draftgraph.
 
-Configuration, draft organize (tree path and the chain fast path), chain buffers, verify-tree
-building, draft workers, runtime states, overrides and live reload.
+The public API (`__all__`, sorted) is what a serving engine needs, by job:
+
+- configuration: `RuntimeArgs`, `SpeculativeConfig`, `CudaGraphConfig`, `PhaseGraphConfig`,
+  `ConfigTypeError`, `chain_capacity`, `parse_tree_choices`, `load_runtime_args`;
+- draft workers: `EagleDraftWorker`, `MultiLayerEagleDraftWorker`, `EagleDraftWorkerBase`,
+  `DraftInput`, `DraftResult`, `DraftCounters`;
+- runtime states, reload, adaptive S: `RuntimeState`, `StateStats`, `ReloadError`,
+  `RELOAD_POLICIES`, `install_reload_signal`, `AdaptiveStepController`;
+- organize: `select_top_k_tokens`, `organize_draft_results`, `fast_topk`;
+- topology and the verify tree: `StaticTopology`, `TopologyBuffers`, `VerifyTree`, `build_tree`;
+- SGLang drop-in (`runtime.sglang`): `install_chain_buffers`, `runtime_args_from_sglang`;
+- several ranks (`runtime.ranks`): `RankCoordinator`, `spawn_ranks`.
+
+Everything else is importable from its own module (for example `runtime.chain.ChainBuffers`,
+`runtime.topology.TopologyBufferCache`, `runtime.tree_choices.check_tree_choices`,
+`runtime.args_file.runtime_args_from_dict`, `runtime.ranks.launch.RankLaunchError`); the small
+test model and input maker are in `runtime.testing`.
 """
 
 from __future__ import annotations
 
-from .adaptive import AdaptiveStepController
-from .args_file import install_reload_signal, load_runtime_args, runtime_args_from_dict
-from .chain import ChainBufferCache, ChainBuffers, ChainKey
-from .config import (
+from .adaptive import AdaptiveStepController  # runtime states
+from .args_file import install_reload_signal, load_runtime_args  # configuration, reload
+from .config import (  # configuration
     CudaGraphConfig,
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
     chain_capacity,
-    max_tree_candidates,
 )
-from .draft_input import DraftInput
-from .eagle_worker import EagleDraftWorker
-from .models import TinyDraftModel, make_draft_input
-from .multi_layer_worker import MultiLayerEagleDraftWorker
-from .organize import (
-    fast_topk,
-    organize_chain_steps,
-    organize_draft_results,
-    select_top_k_tokens,
-)
-from .ranks.launch import RankLaunchError, spawn_ranks
-from .reload import RELOAD_POLICIES, ReloadError
-from .sglang.adapter import install_chain_buffers
-from .sglang.config import runtime_args_from_sglang
-from .state import DraftCounters, RuntimeState, StateStats
-from .topology import (
-    TopologyBufferCache,
-    TopologyBuffers,
-    TopologyKey,
-    VerifyConstants,
-    static_layout_of,
-)
-from .tree import VerifyTree, build_tree
-from .tree_choices import (
-    DepthPlan,
-    StaticTopology,
-    chain_choices,
-    check_tree_choices,
-    parse_tree_choices,
-)
-from .validation import ConfigTypeError
-from .worker_base import EagleDraftWorkerBase
+from .draft_input import DraftInput  # draft workers
+from .draft_result import DraftResult  # draft workers
+from .eagle_worker import EagleDraftWorker  # draft workers
+from .multi_layer_worker import MultiLayerEagleDraftWorker  # draft workers
+from .organize import fast_topk, organize_draft_results, select_top_k_tokens  # organize
+from .ranks.coordinator import RankCoordinator  # several ranks
+from .ranks.launch import spawn_ranks  # several ranks
+from .reload import RELOAD_POLICIES, ReloadError  # runtime states, reload
+from .sglang.adapter import install_chain_buffers  # SGLang drop-in
+from .sglang.config import runtime_args_from_sglang  # SGLang drop-in
+from .state import DraftCounters, RuntimeState, StateStats  # runtime states
+from .topology import TopologyBuffers  # topology
+from .tree import VerifyTree, build_tree  # verify tree
+from .tree_choices import StaticTopology, parse_tree_choices  # static trees
+from .validation import ConfigTypeError  # configuration
+from .worker_base import EagleDraftWorkerBase  # draft workers
+
+# Importable here for existing code and scripts, but not part of the API (see their modules).
+from .chain import ChainBuffers as ChainBuffers  # isort: skip
+from .config import max_tree_candidates as max_tree_candidates  # isort: skip
+from .organize import organize_chain_steps as organize_chain_steps  # isort: skip
+from .testing import TinyDraftModel as TinyDraftModel  # isort: skip
+from .testing import make_draft_input as make_draft_input  # isort: skip
 
 __all__ = [
-    "DepthPlan",
-    "RankLaunchError",
-    "StaticTopology",
-    "TopologyBufferCache",
-    "TopologyBuffers",
-    "TopologyKey",
-    "VerifyConstants",
-    "chain_choices",
-    "check_tree_choices",
-    "install_chain_buffers",
-    "parse_tree_choices",
-    "runtime_args_from_sglang",
-    "spawn_ranks",
-    "static_layout_of",
     "AdaptiveStepController",
-    "ChainBufferCache",
-    "ChainBuffers",
-    "ChainKey",
     "ConfigTypeError",
     "CudaGraphConfig",
     "DraftCounters",
     "DraftInput",
+    "DraftResult",
     "EagleDraftWorker",
     "EagleDraftWorkerBase",
     "MultiLayerEagleDraftWorker",
     "PhaseGraphConfig",
     "RELOAD_POLICIES",
+    "RankCoordinator",
     "ReloadError",
     "RuntimeArgs",
     "RuntimeState",
     "SpeculativeConfig",
     "StateStats",
-    "TinyDraftModel",
+    "StaticTopology",
+    "TopologyBuffers",
     "VerifyTree",
     "build_tree",
     "chain_capacity",
     "fast_topk",
+    "install_chain_buffers",
     "install_reload_signal",
     "load_runtime_args",
-    "make_draft_input",
-    "max_tree_candidates",
-    "organize_chain_steps",
     "organize_draft_results",
-    "runtime_args_from_dict",
+    "parse_tree_choices",
+    "runtime_args_from_sglang",
     "select_top_k_tokens",
+    "spawn_ranks",
 ]
