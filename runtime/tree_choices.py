@@ -37,12 +37,16 @@ def parse_tree_choices(text: str) -> Choices:
         raise ConfigTypeError(f"tree_choices={text!r}: the command-line form must be a string")
     try:
         value = json.loads(text)
-    except ValueError:
+    except json.JSONDecodeError as json_exc:
         try:
             value = ast.literal_eval(text)
-        except (ValueError, SyntaxError) as exc:
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            # literal_eval's messages name AST nodes (e.g. "<ast.UnaryOp object at 0x..>"): not shown
+            shown = text if len(text) <= 80 else text[:77] + "..."
             raise ValueError(
-                f"tree_choices={text!r}: not a list of paths such as [[0], [1], [0, 0]] ({exc})"
+                f"tree_choices={shown!r}: not a list of paths; expected JSON or a Python literal: "
+                f"a list of paths, each a list of child ranks, such as [[0], [1], [0, 0]] (as JSON: "
+                f"{json_exc.msg} at column {json_exc.colno})"
             ) from None
     return _as_paths(value)
 

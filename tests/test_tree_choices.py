@@ -141,3 +141,20 @@ def test_tree_rules_survive_python_O():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr or proc.stdout
     assert int(proc.stdout.strip().splitlines()[-1]) == len(TREE_CASES)
+
+
+@pytest.mark.parametrize("text,where", [("not json", "column 1"), ("[[0], [1", "column 9"),
+                                        ("[[0]] + [[1]]", "column 7"), ("-x", "column 1")])
+def test_parse_tree_choices_error_names_the_text_and_the_form(text, where):
+    with pytest.raises(ValueError) as info:
+        parse_tree_choices(text)
+    message = str(info.value)
+    assert message.startswith(f"tree_choices={text!r}: not a list of paths")
+    assert "JSON or a Python literal" in message and "[[0], [1], [0, 0]]" in message and where in message
+    assert "<ast." not in message and " at 0x" not in message and "object" not in message
+
+
+def test_parse_tree_choices_error_shortens_a_long_text():
+    with pytest.raises(ValueError) as info:
+        parse_tree_choices("(" * 100_000)
+    assert len(str(info.value)) < 400 and "..." in str(info.value)
