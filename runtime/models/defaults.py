@@ -2,7 +2,8 @@
 
 Cache: ``$DRAFTGRAPH_CACHE`` or ``~/.cache/draftgraph``, one file per (model shapes, training
 plan, seed, corpus digest). Training shows a progress bar and takes a few minutes on 2 cores;
-later calls load the file. Inference runs the target in float64 (so a batched tree verify and
+later calls load the file. A damaged file (a copy cut short, a full disk) is reported by name,
+deleted and trained again. Inference runs the target in float64 (so a batched tree verify and
 one-token decoding pick the same argmax: rounding differences are ~1e-16, far below any gap
 between logits) and the drafts in float32 (a draft's rounding cannot change what is accepted).
 """
@@ -90,6 +91,32 @@ def _train_all(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]
                      "train_s": torch.tensor(time.perf_counter() - start)}}
 
 
+def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
+    """The weights in ``path``, or None after deleting a damaged file (the caller trains again).
+
+    A file that cannot be deleted is an OSError that names it and says to delete it by hand.
+    """
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise
+    except Exception as exc:  # truncated or garbled: RuntimeError (zip), EOFError, OSError, UnpicklingError
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0][:160] if lines else 'no details'}"
+    else:
+        missing = [k for k in ("target", *DRAFT_KINDS) if not isinstance(weights, dict) or k not in weights]
+        if not missing:
+            return weights
+        reason = f"no {', '.join(missing)} weights in it"
+    logger.warning("model cache file %s is damaged (%s); deleting it and training again", path, reason)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise OSError(f"model cache file {path} is damaged ({reason}) and could not be deleted ({exc}); "
+                      f"delete it by hand and the models are trained again at next use") from exc
+    return None
+
+
 @lru_cache(maxsize=4)
 def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
     key = _cache_key(seed, plan, load_corpus().digest)
@@ -97,7 +124,9 @@ def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
     path = folder / f"models-{key}.pt"
     with _file_lock(folder / f"models-{key}.lock"):
         if path.exists():
-            return torch.load(path, map_location="cpu", weights_only=True)
+            cached = _load_cached(path)
+            if cached is not None:
+                return cached
         weights = _train_all(seed, plan)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save(weights, tmp)
