@@ -1,8 +1,12 @@
-"""Chain (topk == 1) constants under their historical names: the chain is one static topology.
+"""Chain (topk == 1): its constants under their historical names, and the chain fast path.
 
-`ChainBuffers(num_steps, capacity, device)` is `TopologyBuffers` of the tree ((0,), (0, 0), ..):
-parents rows -1, 0, .., S-2 (width 0 when S == 1) and score_indices rows 0, .., S-1. There is no
-chain-only code path any more; see `draftgraph.runtime.topology`.
+The chain is one static topology: `ChainBuffers(num_steps, capacity, device)` is
+`TopologyBuffers` of the tree ((0,), (0, 0), ..): parents rows -1, 0, .., S-2 (width 0 when
+S == 1) and score_indices rows 0, .., S-1, built like any static tree (see
+`draftgraph.runtime.topology`). One chain-only path remains, on the hot path of organize:
+`chain_fast_views` hands out row views of those constants when they fit the step (built for
+this S, S columns, b within capacity) and None otherwise, when the caller organizes on the tree
+path. `MultiLayerEagleDraftWorker` and the SGLang adapter use it.
 """
 
 from __future__ import annotations
