@@ -8,7 +8,7 @@ from __future__ import annotations
 from .backends import BACKEND_NAMES, resolve_backend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
 from .errors import GraphCaptureError, GraphDebugError
-from .manager import GraphCaptureManager, StepOutput
+from .manager import GraphCaptureManager, ReplayPlan, StepOutput
 from .protocol import CapturedGraph, GraphBackend
 from .sizes import (
     DEFAULT_MAX_BS,
@@ -28,21 +28,25 @@ from .spans import (
     spans_active,
     suppress_spans,
 )
-from .stats import ManagerStats, SizeStats
+from .stats import CaptureRecord, ManagerStats, ReplayCounters, SizeStats, SizeUsage
 
 __all__ = [
     "BACKEND_NAMES",
+    "CaptureRecord",
+    "CapturedGraph",
     "DEFAULT_DEBUG_EVERY",
     "DEFAULT_MAX_BS",
-    "NVTX_DOMAIN",
-    "CapturedGraph",
     "DebugConfig",
     "GraphBackend",
     "GraphCaptureError",
     "GraphCaptureManager",
     "GraphDebugError",
     "ManagerStats",
+    "NVTX_DOMAIN",
+    "ReplayCounters",
+    "ReplayPlan",
     "SizeStats",
+    "SizeUsage",
     "StepOutput",
     "capture_batch_sizes",
     "disable_nvtx",

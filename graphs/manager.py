@@ -8,10 +8,14 @@ static inputs, pad rows are filled, the graph for the smallest captured size >= 
 replays, and outputs come back sliced to b rows. A batch above the largest size runs
 the step eagerly on the inputs as given and never touches the static buffers.
 
-The replay path is prepared once per batch size b (a `_Replay`: the load plan with its
-views and checks, the graph, its counters), built on b's first run and dropped on
-release, so a replay does one dict lookup, the exact-type checks, the copies, the
-replay and the output slices; spans and counters stay.
+One decision, one count (STYLE.md §6.13): `lookup(b)` is the only place that decides
+whether b rows replay and at which padded size; it answers a prepared `ReplayPlan` or None
+("no graph: run eager"), and `run` as well as a caller that dispatches itself (a draft
+worker: `lookup`, then `replay` or its own eager path) trust that answer. A plan (the load
+plan with its views and checks, the graph, the size's usage counter) is built on b's first
+lookup and dropped on release, so a replay does one dict lookup, the exact-type checks, the
+copies, the replay and the output slices. Each replay is counted once, in the `SizeUsage`
+of its padded size; the totals in `stats` are sums of those.
 """
 
 from __future__ import annotations
@@ -30,32 +34,43 @@ from .protocol import CapturedGraph, GraphBackend, check_outputs, flatten_output
 from .sizes import padded_size, padding_table
 from .spans import span, suppress_spans
 from .static import LoadPlan, PadValue, StaticInputs
-from .stats import ManagerStats, SizeCounters
+from .stats import CaptureRecord, ManagerStats, ReplayCounters, SizeStats, SizeUsage
 
-__all__ = ["GraphCaptureManager", "StepOutput"]
+__all__ = ["GraphCaptureManager", "ReplayPlan", "StepOutput"]
 
 logger = logging.getLogger(__name__)
 
 StepOutput = Tensor | tuple[Tensor, ...]
 
 
-class _Replay:
-    """Everything a replay of b rows needs, prepared on b's first run (see the module docstring).
+class ReplayPlan:
+    """The manager's answer "replay b rows at size ``padded``", prepared on b's first lookup
+    (see the module docstring); pass it back to `GraphCaptureManager.replay`.
 
     ``result`` is the step's structure over the graph's fixed outputs cut to b rows: the same
     view objects for every run of b, in memory the next replay overwrites.
     """
 
-    __slots__ = ("counters", "graph", "load", "pad_rows", "result")
+    __slots__ = ("graph", "load", "pad_rows", "result", "usage")
 
-    def __init__(self, load: LoadPlan, graph: CapturedGraph, counters: SizeCounters, single: bool) -> None:
+    def __init__(self, load: LoadPlan, graph: CapturedGraph, usage: SizeUsage, single: bool) -> None:
         self.load = load
         self.graph = graph
-        self.counters = counters
+        self.usage = usage
         self.pad_rows = load.padded - load.b
         b = load.b
         cut = tuple([o[:b] for o in graph.outputs])
         self.result: StepOutput = cut[0] if single else cut
+
+    @property
+    def b(self) -> int:
+        """Rows of the batch."""
+        return self.load.b
+
+    @property
+    def padded(self) -> int:
+        """The captured size that replays them."""
+        return self.load.padded
 
     def cloned(self) -> StepOutput:
         """Copies of ``result`` (for ``run(clone=True)``)."""
@@ -86,7 +101,8 @@ class GraphCaptureManager:
     or "eager" (see ``resolve_backend``; "auto" follows the static inputs' device).
     ``debug``/``debug_every`` switch on replay checks (default: DRAFTGRAPH_DEBUG and
     DRAFTGRAPH_DEBUG_EVERY, read here). The eager backend captures nothing; its runs are
-    counted as ``eager_runs``.
+    counted as ``eager_runs``. ``counters`` is where runs are counted (default: a new
+    `ReplayCounters`); a caller that recaptures with a new manager may pass the old one's.
     """
 
     def __init__(
@@ -99,6 +115,7 @@ class GraphCaptureManager:
         *,
         debug: bool | None = None,
         debug_every: int | None = None,
+        counters: ReplayCounters | None = None,
     ) -> None:
         if not callable(step):
             raise TypeError(f"step={step!r}: must be callable")
@@ -116,14 +133,17 @@ class GraphCaptureManager:
         self._debug = DebugConfig.resolve(debug, debug_every)
         self._backend: GraphBackend | None = None
         self._graphs: dict[int, CapturedGraph] = {}
-        self._counters: dict[int, SizeCounters] = {}
+        self._records: dict[int, CaptureRecord] = {}
+        if counters is not None and not isinstance(counters, ReplayCounters):
+            raise TypeError(f"counters={type(counters).__name__}: must be a ReplayCounters or None")
+        self._counters = ReplayCounters() if counters is None else counters
         self._single_output = False
         self._n_outputs = 0
         self._captured_ptrs: dict[str, int] = {}
         self._captured = False
         self._first = self._static.names[0]
-        self._plans: dict[int, _Replay] = {}
-        self._totals = dict.fromkeys(("captures", "replays", "eager_fallbacks", "eager_runs", "debug_checks"), 0)
+        self._plans: dict[int, ReplayPlan] = {}
+        self._captures = 0
 
     # ---- properties -------------------------------------------------------------------
 
@@ -163,10 +183,21 @@ class GraphCaptureManager:
         return self._debug
 
     @property
+    def counters(self) -> ReplayCounters:
+        """The live run counters (see `ReplayCounters`)."""
+        return self._counters
+
+    @property
     def stats(self) -> ManagerStats:
         """Snapshot of capture and replay statistics (``sizes`` only lists live graphs)."""
-        sizes = {s: c.freeze(s) for s, c in sorted(self._counters.items())}
-        return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), **self._totals)
+        c = self._counters
+        sizes = {}
+        for s, rec in sorted(self._records.items()):
+            usage = c.usage(s)
+            sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows)
+        return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), captures=self._captures,
+                            replays=c.replays, eager_fallbacks=c.eager_fallbacks, eager_runs=c.eager_runs,
+                            debug_checks=c.debug_checks)
 
     def padded_size(self, b: int) -> int | None:
         """Smallest capture size >= b (precomputed table); None above the largest (always for eager)."""
@@ -215,37 +246,37 @@ class GraphCaptureManager:
             raise RuntimeError("capture(): already captured; call release() before capturing again")
         if self._backend_name == "eager":
             self._captured = True
-            self._totals["captures"] += 1
+            self._captures += 1
             return
         backend = make_backend(self._backend_name, self.max_size, self._static.device)
         graphs: dict[int, CapturedGraph] = {}
-        counters: dict[int, SizeCounters] = {}
+        records: dict[int, CaptureRecord] = {}
         size = self.max_size
         try:
             with span("warmup", size=size, backend=self._backend_name):
                 check_outputs(backend.warmup(self._warm_step, self._static.views(size)), size)
             for size in reversed(self._sizes):
-                graphs[size], counters[size] = self._capture_one(backend, size)
+                graphs[size], records[size] = self._capture_one(backend, size)
         except BaseException as exc:
             self._discard(graphs, backend)
             if isinstance(exc, Exception) and not isinstance(exc, GraphCaptureError):
                 msg = f"capture failed at size {size}: {type(exc).__name__}: {exc}"
                 raise GraphCaptureError(msg, size=size) from exc
             raise
-        self._backend, self._graphs, self._counters = backend, graphs, counters
+        self._backend, self._graphs, self._records = backend, graphs, records
         self._captured_ptrs = self._static.data_ptrs()
         self._captured = True
-        self._totals["captures"] += 1
+        self._captures += 1
         logger.debug("captured sizes %s with backend %s", self.captured_sizes, self._backend_name)
 
-    def _capture_one(self, backend: GraphBackend, size: int) -> tuple[CapturedGraph, SizeCounters]:
+    def _capture_one(self, backend: GraphBackend, size: int) -> tuple[CapturedGraph, CaptureRecord]:
         """Capture one size and time it."""
         with span("capture", size=size, backend=self._backend_name):
             start = time.perf_counter()
             with suppress_spans():  # spans in the step would not replay / would become graph ops
                 graph = backend.capture(size, self._flat_step, self._static.views(size))
             elapsed = time.perf_counter() - start
-        return graph, SizeCounters(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes)
+        return graph, CaptureRecord(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes)
 
     @staticmethod
     def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:
@@ -255,20 +286,52 @@ class GraphCaptureManager:
         backend.release()
 
     def release(self) -> None:
-        """Free all graphs, static output buffers and the pool; capture() may run again; idempotent."""
+        """Free all graphs, static output buffers and the pool; capture() may run again; idempotent.
+        The run counters stay (they count what happened, not what is live)."""
         if self._backend is not None:
             self._discard(self._graphs, self._backend)
         self._backend = None
         self._graphs = {}
-        self._counters = {}
+        self._records = {}
         self._plans = {}
         self._captured_ptrs = {}
         self._captured = False
 
-    # ---- run ----------------------------------------------------------------------------
+    # ---- dispatch and run -----------------------------------------------------------------
+
+    def lookup(self, b: int) -> ReplayPlan | None:
+        """The one dispatch decision: the prepared plan that replays b rows (at the smallest
+        captured size >= b), or None when no graph serves b (the eager backend, or b above
+        the largest size): the caller then runs the step eagerly. RuntimeError before capture
+        (graph backends): replaying nothing is a bug, not a shape without a graph."""
+        plan = self._plans.get(b)
+        if plan is not None:
+            return plan
+        if self._backend_name == "eager":
+            return None
+        if not self._captured:
+            raise RuntimeError(f"lookup(): backend {self._backend_name!r} has not captured yet; call capture() first")
+        padded = padded_size(self._table, b)
+        if padded is None:
+            return None
+        plan = ReplayPlan(self._static.plan(b, padded), self._graphs[padded], self._counters.usage(padded),
+                          self._single_output)
+        self._plans[b] = plan
+        return plan
+
+    def replay(self, plan: ReplayPlan, inputs: Mapping[str, Tensor], clone: bool = False) -> StepOutput:
+        """Replay ``plan`` (from `lookup`) on ``inputs`` (name -> tensor [plan.b, ...]); the outputs
+        as `run` returns them. ValueError/TypeError for a batch the plan does not fit."""
+        tensors = plan.load.match(inputs)
+        if tensors is None:
+            b = self._static.batch_size(inputs)
+            if b != plan.b:
+                raise ValueError(f"inputs have {b} rows: the plan replays {plan.b} (call lookup({b}))")
+            tensors = self._static.ordered(inputs)
+        return self._replay(plan, tensors, clone)
 
     def run(self, inputs: Mapping[str, Tensor], clone: bool = False) -> StepOutput:
-        """Run a batch (name -> tensor [b, ...]) through the graph for ``padded_size(b)``.
+        """Run a batch (name -> tensor [b, ...]) through the graph `lookup(b)` picks.
 
         Returns the step's structure (tensor or tuple) sliced to b rows. With
         ``clone=False`` the outputs are views of graph memory that the next replay (of
@@ -291,48 +354,40 @@ class GraphCaptureManager:
     def _run_checked(self, inputs: Mapping[str, Tensor], clone: bool) -> StepOutput:
         """``run`` after the full input check: first runs of a size, eager, fallbacks, unusual batches."""
         b = self._static.batch_size(inputs)
+        plan = self.lookup(b)
+        if plan is not None:
+            return self._replay(plan, self._static.ordered(inputs), clone)
         if self._backend_name == "eager":
-            self._totals["eager_runs"] += 1
+            self._counters.eager_runs += 1
             with span("eager_run", bs=b):
                 return self._step(**inputs)
-        if not self._captured:
-            raise RuntimeError(f"run(): backend {self._backend_name!r} has not captured yet; call capture() first")
-        padded = padded_size(self._table, b)
-        if padded is None:
-            self._totals["eager_fallbacks"] += 1
-            with span("eager_fallback", bs=b):
-                return self._step(**inputs)
-        plan = self._plans.get(b)
-        if plan is None:
-            plan = _Replay(self._static.plan(b, padded), self._graphs[padded], self._counters[padded],
-                           self._single_output)
-            self._plans[b] = plan
-        return self._replay(plan, self._static.ordered(inputs), clone)
+        self._counters.eager_fallbacks += 1
+        with span("eager_fallback", bs=b):
+            return self._step(**inputs)
 
-    def _replay(self, plan: _Replay, tensors: tuple[Tensor, ...], clone: bool) -> StepOutput:
+    def _replay(self, plan: ReplayPlan, tensors: tuple[Tensor, ...], clone: bool) -> StepOutput:
         """Load the checked batch, replay (with debug checks), count it; the prepared b-row outputs."""
         load = plan.load
         with span("replay", bs=load.b, padded=load.padded):
             load.load(tensors)
-            self._totals["replays"] += 1
-            counters = plan.counters
-            counters.replays += 1
-            counters.pad_rows += plan.pad_rows
+            usage = plan.usage
+            usage.replays += 1
+            usage.pad_rows += plan.pad_rows
             if self._debug.enabled:
                 self._debug_replay(plan)
             else:
                 plan.graph.replay()
             return plan.cloned() if clone else plan.result
 
-    def _debug_replay(self, plan: _Replay) -> None:
+    def _debug_replay(self, plan: ReplayPlan) -> None:
         """Replay with the debug checks: static inputs not moved; every Nth, graph == eager."""
         check_data_ptrs(self._captured_ptrs, self._static.data_ptrs())
-        if not self._debug.compare_due(self._totals["replays"]):
+        if not self._debug.compare_due(self._counters.replays):
             plan.graph.replay()
             return
         padded = plan.load.padded
         clones = self._static.clones(padded)
         outs = plan.graph.replay()
         eager, _ = flatten_outputs(self._step(**clones))
-        self._totals["debug_checks"] += 1
+        self._counters.debug_checks += 1
         compare_outputs(outs, eager, padded)

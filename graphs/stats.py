@@ -1,4 +1,10 @@
-"""Capture and replay statistics: frozen snapshots (``ManagerStats``) and the counters behind them."""
+"""Capture and replay statistics: the counters a manager keeps and frozen snapshots of them.
+
+One count per event (STYLE.md §6.13): a replay is counted once, in the `SizeUsage` of the
+size it replayed; every total (a manager's, a state's, a worker's) is a sum over those.
+`ReplayCounters` can be handed to several managers in turn (a state that recaptures), so
+the usage of a size outlives the graph that served it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["ManagerStats", "SizeCounters", "SizeStats"]
+__all__ = ["CaptureRecord", "ManagerStats", "ReplayCounters", "SizeStats", "SizeUsage"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,8 @@ class SizeStats:
 
 @dataclass(frozen=True)
 class ManagerStats:
-    """A manager's statistics at one moment; ``sizes`` covers the sizes captured now."""
+    """A manager's statistics at one moment; ``sizes`` covers the sizes captured now, the
+    totals every run since the manager (or its `ReplayCounters`) was created."""
 
     backend: str
     sizes: Mapping[int, SizeStats] = field(default_factory=lambda: MappingProxyType({}))
@@ -47,16 +54,55 @@ class ManagerStats:
         }
 
 
-@dataclass
-class SizeCounters:
-    """Mutable per-size counters the manager updates; snapshot with ``freeze``."""
+@dataclass(frozen=True)
+class CaptureRecord:
+    """What capturing one size cost: seconds, pool bytes, kernel-launching nodes (None if unknown)."""
 
     capture_s: float
     capture_bytes: int
     nodes: int | None
-    replays: int = 0
-    pad_rows: int = 0
 
-    def freeze(self, size: int) -> SizeStats:
-        """Immutable copy for ``size``."""
-        return SizeStats(size, self.capture_s, self.capture_bytes, self.nodes, self.replays, self.pad_rows)
+
+class SizeUsage:
+    """Replays of one padded size and the pad rows they carried: the one count of a replay."""
+
+    __slots__ = ("pad_rows", "replays")
+
+    def __init__(self) -> None:
+        self.replays = 0
+        self.pad_rows = 0
+
+
+class ReplayCounters:
+    """Every run a manager made: `SizeUsage` per padded size, eager fallbacks (above the largest
+    size), eager runs (the eager backend) and debug comparisons. Totals are sums, never kept
+    twice."""
+
+    __slots__ = ("debug_checks", "eager_fallbacks", "eager_runs", "sizes")
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, SizeUsage] = {}
+        self.eager_fallbacks = 0
+        self.eager_runs = 0
+        self.debug_checks = 0
+
+    def usage(self, size: int) -> SizeUsage:
+        """The usage record of ``size`` (created on first use)."""
+        usage = self.sizes.get(size)
+        if usage is None:
+            usage = self.sizes[size] = SizeUsage()
+        return usage
+
+    @property
+    def replays(self) -> int:
+        """Replays of every size."""
+        return sum(u.replays for u in self.sizes.values())
+
+    @property
+    def pad_rows(self) -> int:
+        """Pad rows of every replay."""
+        return sum(u.pad_rows for u in self.sizes.values())
+
+    def replays_up_to(self, size: int) -> int:
+        """Replays of padded sizes <= ``size``."""
+        return sum(u.replays for s, u in self.sizes.items() if s <= size)

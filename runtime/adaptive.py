@@ -68,7 +68,7 @@ class AdaptiveStepController:
         for old in getattr(self, "_states", {}).values():
             if old is not self.worker.state:
                 old.release()
-        self._generation = self.worker._generation
+        self._generation = self.worker.generation
         self._states = {
             s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend)
             for s, n in self._candidates
@@ -93,7 +93,7 @@ class AdaptiveStepController:
         """Observe (if given), pick S and make its state active; returns the S now served."""
         if accepted_tokens is not None:
             self.observe(accepted_tokens)
-        if self._generation != self.worker._generation:
+        if self._generation != self.worker.generation:
             logger.info("worker was reloaded: rebuilding %d candidate states", len(self._candidates))
             self._build()
         s = self.choose()

@@ -37,7 +37,7 @@ class ChainBuffers(TopologyBuffers):
         super().__init__(StaticTopology.chain(num_steps), capacity, device)
 
 
-class _ChainSet(Protocol):
+class ChainRows(Protocol):
     """What the fast path reads: `ChainBuffers`, or the SGLang adapter's set of adopted tensors."""
 
     num_steps: int
@@ -46,7 +46,7 @@ class _ChainSet(Protocol):
     def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def chain_fast_views(buf: _ChainSet | None, num_steps: int, width: int, b: int, counters: Any
+def chain_fast_views(buf: ChainRows | None, num_steps: int, width: int, b: int, counters: Any
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The chain fast path: row views (parents [b, S-1 or 0], score_indices [b, S]) of ``buf``
     when it was built for ``num_steps`` = S, topk_index has S (``width``) columns and b is within

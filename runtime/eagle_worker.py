@@ -20,6 +20,7 @@ from draftgraph.graphs import span
 from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
 from .draft_input import unpack_draft_input
+from .draft_result import DraftResult
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
 from .topology import Selector, TopologyBuffers
@@ -28,7 +29,6 @@ from .worker_base import EagleDraftWorkerBase, GraphStep
 
 __all__ = ["EagleDraftWorker"]
 
-DraftResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")
 
 
@@ -68,49 +68,33 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         """(parent_list [b, 1+(S-1)k], top_scores_index [b, N-1], draft_tokens [b, N-1]).
 
         A static topology returns the static layout: parent_list [b, N-1] (width 0 for a
-        depth-1 tree), row views of the topology buffers up to their capacity. Replays the
-        state's graph for the padded batch when one exists (outputs are views of graph memory,
-        valid until the next step), else runs the step eagerly.
+        depth-1 tree), row views of the topology buffers up to their capacity. The state's
+        graph manager decides once (`lookup`) whether b replays and at which padded size; the
+        outputs of a replay are views of graph memory, valid until the next step. Otherwise
+        the step runs eagerly.
         """
-        if self._pending is not None:
+        slot = self.slot
+        if slot.pending is not None:
             self._apply_pending()
         topk_p, topk_index, hidden = unpack_draft_input(draft_input)
         b = topk_index.shape[0]
-        with self._lock:
-            state = self._state
+        with slot.lock:
+            state = slot.active
             self._check_input(state, topk_index, hidden)  # against the state that will run
             if self.debug_checks:
                 check_draft_values(topk_p, topk_index, hidden, self.vocab_size)
             self.last_state = state
-            state.stats.steps += 1
-            graphs = state.graphs
-            if graphs is not None and (state.graph_spec is state.spec or state.graph_spec == state.spec):
-                padded = graphs.padded_size(b)
-                if padded is not None:
-                    return self._replay(state, graphs, padded, topk_p, topk_index, hidden)
-                self.counters.graph_eager_fallbacks += 1
-                state.stats.eager_steps += 1
-                self.counters.eager_steps += 1
-                with span("eager_fallback", bs=b):
-                    return self.draft_step(state, topk_p, topk_index, hidden)
-            state.stats.eager_steps += 1
-            self.counters.eager_steps += 1
-            return self.draft_step(state, topk_p, topk_index, hidden)
-
-    def _replay(self, state: RuntimeState, graphs: Any, padded: int, topk_p: torch.Tensor,
-                topk_index: torch.Tensor, hidden: torch.Tensor) -> DraftResult:
-        """Replay the captured step for ``padded`` rows and count what it baked in."""
-        out = graphs.run({"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
-        b = topk_index.shape[0]
-        state.stats.graph_replays += 1
-        state.stats.pad_rows += padded - b
-        self.counters.graph_replays += 1
-        buf = state.static_buffers()
-        if buf is not None and padded <= buf.capacity:
-            self.counters.fast_path_hits += 1
-        else:
-            self.counters.tree_path_calls += 1
-        return out
+            graphs = state.replayable_graphs()
+            plan = graphs.lookup(b) if graphs is not None else None
+            if plan is not None:
+                out = graphs.replay(plan, {"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
+                return DraftResult(*out)
+            state.counts.eager_steps += 1
+            if graphs is None:
+                return self.draft_step(state, topk_p, topk_index, hidden)
+            state.counts.eager_fallbacks += 1
+            with span("eager_fallback", bs=b):
+                return self.draft_step(state, topk_p, topk_index, hidden)
 
     def _check_input(self, state: RuntimeState, topk_index: torch.Tensor,
                      hidden: torch.Tensor | None) -> None:
@@ -129,38 +113,47 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     # ---- the step --------------------------------------------------------------------------
     def draft_step(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
-                   hidden: torch.Tensor, organize: bool = True, count: bool = True) -> Any:
-        """One draft step of ``state``: capturable; ``organize=False`` returns the tokens only.
+                   hidden: torch.Tensor, *, count: bool = True) -> DraftResult:
+        """One organized draft step of ``state``, capturable.
 
-        ``count`` is the host-side bookkeeping (counters, organize spans): False inside a
-        captured step, where a span would be recorded into the graph (trace) or not replay (cuda).
+        ``count``: the host-side bookkeeping (``state``'s counts: fast path, tree path, capacity
+        fallback; the organize spans). False inside a captured step, where a span would be
+        recorded into the graph (trace) or not replay (cuda) and the manager counts the replay.
         """
-        spec = state.spec
         b = topk_index.shape[0]
         buf = state.static_buffers()
+        counts = state.counts
         if buf is not None:
             tokens = self._static_tokens(buf, topk_index, hidden)
-            if not organize:
-                return tokens
             if b > buf.capacity:  # fresh copies of the constant rows (tagged, see topology)
                 if count:
-                    self.counters.capacity_fallbacks += 1
-                    self.counters.tree_path_calls += 1
-                return (*buf.copies(b), tokens)
+                    counts.capacity_fallbacks += 1
+                    counts.tree_path_calls += 1
+                return DraftResult(*buf.copies(b), tokens)
             if not count:
-                return (*buf.view(b), tokens)
-            self.counters.fast_path_hits += 1
+                return DraftResult(*buf.view(b), tokens)
+            counts.fast_path_hits += 1
             with span("organize_fast", bs=b):
                 parents, score_indices = buf.view(b)
-            return parents, score_indices, tokens
+            return DraftResult(parents, score_indices, tokens)
+        spec = state.spec
         lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
-        if not organize:
-            return torch.cat(lists[1], dim=1)
         if not count:
-            return organize_draft_results(*lists, spec.num_draft_tokens)
-        self.counters.tree_path_calls += 1
+            return DraftResult(*organize_draft_results(*lists, spec.num_draft_tokens))
+        counts.tree_path_calls += 1
         with span("organize_tree", bs=b, num_steps=spec.num_steps):
-            return organize_draft_results(*lists, spec.num_draft_tokens)
+            return DraftResult(*organize_draft_results(*lists, spec.num_draft_tokens))
+
+    def draft_tokens(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
+                     hidden: torch.Tensor) -> torch.Tensor:
+        """The draft tokens of one step of ``state`` without organizing them: [b, N-1] for a
+        static topology, [b, k + (S-1)k^2] (every candidate) for a dynamic tree. Capturable and
+        uncounted (benchmarks of the forwards alone)."""
+        buf = state.static_buffers()
+        if buf is not None:
+            return self._static_tokens(buf, topk_index, hidden)
+        spec = state.spec
+        return torch.cat(self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)[1], dim=1)
 
     def _forward_topk(self, input_ids: torch.Tensor, hidden: torch.Tensor, topk: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -221,20 +214,21 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     # ---- capture ---------------------------------------------------------------------------
     def _graph_step(self, state: RuntimeState, max_size: int, organize: bool = True) -> GraphStep:
-        """The step over static topk_p / topk_index [max_size, k] and hidden_states [max_size, H]."""
-        k, dev = state.spec.topk, torch.device(self._args.device)
+        """The step over static topk_p / topk_index [max_size, k] and hidden_states [max_size, H]
+        (``organize=False``: the tokens only, `draft_tokens`)."""
+        k, dev = state.spec.topk, torch.device(self.slot.args.device)
         static = {
             "topk_p": torch.zeros(max_size, k, dtype=torch.float32, device=dev),
             "topk_index": torch.zeros(max_size, k, dtype=torch.long, device=dev),
             "hidden_states": torch.zeros(max_size, self.hidden_size, dtype=self.hidden_dtype,
                                          device=dev),
         }
-
         def step(topk_p: torch.Tensor, topk_index: torch.Tensor, hidden_states: torch.Tensor) -> Any:
-            return self.draft_step(state, topk_p, topk_index, hidden_states, organize=organize,
-                                   count=False)
+            if not organize:
+                return self.draft_tokens(state, topk_p, topk_index, hidden_states)
+            return tuple(self.draft_step(state, topk_p, topk_index, hidden_states, count=False))
 
-        return step, static, {name: 0 for name in STATIC_NAMES}
+        return GraphStep(step, static, {name: 0 for name in STATIC_NAMES})
 
 
 def _select(t: torch.Tensor, selector: Selector | None) -> torch.Tensor:

@@ -17,12 +17,12 @@ from draftgraph.graphs import span
 from .chain import chain_fast_views
 from .config import RuntimeArgs
 from .draft_input import checked_topk
+from .draft_result import DraftResult
 from .organize import organize_chain_steps
+from .state import StepCounts
 from .worker_base import EagleDraftWorkerBase
 
 __all__ = ["MultiLayerEagleDraftWorker"]
-
-DraftResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
@@ -44,19 +44,20 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         Fast path when the active state's chain buffers were built for its S, topk_index has S
         columns and b <= capacity: row views of the buffers and topk_index itself.
         """
-        if self._pending is not None:
+        slot = self.slot
+        if slot.pending is not None:
             self._apply_pending()
         topk_p, topk_index, (b, width) = checked_topk(draft_input)
-        state = self._state  # one read: a concurrent swap cannot mix two states
+        state = slot.active  # one read: a concurrent swap cannot mix two states
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)
-        views = chain_fast_views(state.chain_buffers, state.spec.num_steps, width, b, self.counters)
+        views = chain_fast_views(state.chain_buffers, state.spec.num_steps, width, b, state.counts)
         if views is not None:
-            return views[0], views[1], topk_index
+            return DraftResult(views[0], views[1], topk_index)
         hidden = getattr(draft_input, "hidden_states", None)
-        return self._draft_forward_organize(topk_p, topk_index, hidden, state.spec.num_steps,
+        return self._draft_forward_organize(state.counts, topk_p, topk_index, hidden, state.spec.num_steps,
                                             state.spec.num_draft_tokens)
 
-    def _draft_forward_organize(self, topk_p: torch.Tensor, topk_index: torch.Tensor,
+    def _draft_forward_organize(self, counts: StepCounts, topk_p: torch.Tensor, topk_index: torch.Tensor,
                                 hidden_states: torch.Tensor | None, num_steps: int,
                                 num_draft_tokens: int) -> DraftResult:
         """The general path: per-step cat/topk/sort/gather of the chain (same results)."""
@@ -65,6 +66,7 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
                 f"draft_input.topk_index has {topk_index.shape[1]} columns: a multi-layer chain "
                 f"of num_steps={num_steps} needs {num_steps}"
             )
-        self.counters.tree_path_calls += 1
+        counts.tree_path_calls += 1
         with span("organize_tree", bs=topk_index.shape[0], num_steps=num_steps):
-            return organize_chain_steps(topk_p, topk_index, hidden_states, num_steps, num_draft_tokens)
+            return DraftResult(*organize_chain_steps(topk_p, topk_index, hidden_states, num_steps,
+                                                     num_draft_tokens))

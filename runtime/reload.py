@@ -3,6 +3,10 @@
 A reload runs under the worker's lock, so steps of other threads wait for it and then run on
 the new state; a step never sees a half-built state. `request_reload` only records the request
 (safe from a signal handler); the serving thread applies it at the start of its next step.
+
+`ReloadMixin` works through an explicit interface, nothing private of its host: the host's
+`slot` (`StateSlot`: lock, active state, args, generation, pending request), its `reload_log`
+(`ReloadLog`), and two hooks, `_check_args(args)` and `_build_state(args, generation, backend)`.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import torch
 from draftgraph.graphs import span
 
 from .config import RuntimeArgs
+from .state_slot import StateSlot
 from .validation import ConfigTypeError
 
-__all__ = ["PreparedReload", "ReloadError", "ReloadMixin", "RELOAD_POLICIES"]
+__all__ = ["PreparedReload", "ReloadError", "ReloadLog", "ReloadMixin", "RELOAD_POLICIES"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +48,41 @@ class PreparedReload:
     start: float  # perf_counter at the start of the prepare
 
 
-class ReloadMixin:
-    """`reload` / `request_reload` for draft workers (needs EagleDraftWorkerBase's members)."""
+class ReloadLog:
+    """Reload outcomes of one worker: counts for its whole life and the latest records (bounded,
+    so a long-running server does not grow)."""
 
-    reload_history: deque[dict[str, Any]]
+    __slots__ = ("failed", "history", "succeeded")
+
+    def __init__(self, keep: int = 64) -> None:
+        self.history: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.succeeded = 0
+        self.failed = 0
+
+    def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None) -> None:
+        """Count one reload and keep its record."""
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.history.append({
+            "policy": policy, "seconds": time.perf_counter() - start, "ok": ok, "error": error,
+            "capture_s": state.capture_s if state is not None else 0.0,
+            "capture_bytes": state.capture_bytes if state is not None else 0,
+        })
+
+
+class ReloadMixin:
+    """`reload` / `request_reload` for draft workers, through the interface in the module
+    docstring."""
+
+    slot: StateSlot
+    reload_log: ReloadLog
+
+    @property
+    def reload_history(self) -> deque[dict[str, Any]]:
+        """The latest reload records (policy, seconds, ok, error, capture_s, capture_bytes)."""
+        return self.reload_log.history
 
     def _check_reload(self, new_args: Any, policy: str) -> None:
         """Reject a bad request before anything changes."""
@@ -59,6 +95,11 @@ class ReloadMixin:
     def _check_args(self, args: RuntimeArgs) -> None:
         """Subclass hook: reject args this worker cannot serve."""
 
+    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None) -> Any:
+        """Host hook: a complete state for ``args`` at ``generation``, captured with ``backend``
+        (None: no graphs); raises when building or capturing fails."""
+        raise NotImplementedError
+
     def reload(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None) -> None:
         """Replace the active state with one built from ``new_args``.
 
@@ -70,7 +111,7 @@ class ReloadMixin:
         is given. Equivalent to `prepare_reload` then `commit_reload` under one lock hold.
         """
         self._check_reload(new_args, policy)
-        with self._lock, span("reload", policy=policy):
+        with self.slot.lock, span("reload", policy=policy):
             self._commit(self._prepare(new_args, policy, backend))
 
     def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
@@ -79,28 +120,28 @@ class ReloadMixin:
         aside; the active state keeps serving (``release_first`` releases its graphs first).
         Raises ReloadError like `reload`. Finish with `commit_reload` or `discard_reload`."""
         self._check_reload(new_args, policy)
-        with self._lock, span("reload_prepare", policy=policy):
+        with self.slot.lock, span("reload_prepare", policy=policy):
             return self._prepare(new_args, policy, backend)
 
     def commit_reload(self, prepared: PreparedReload) -> None:
         """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
 
         Raises ReloadError (nothing changes) when the worker was reloaded since the prepare."""
-        with self._lock, span("reload_commit", policy=prepared.policy):
+        with self.slot.lock, span("reload_commit", policy=prepared.policy):
             self._commit(prepared)
 
     def discard_reload(self, prepared: PreparedReload, reason: str) -> None:
         """Phase two when the ranks did not agree: release the prepared state, record ``reason``."""
-        with self._lock:
+        with self.slot.lock:
             prepared.state.release()
-            self.counters.failed_reloads += 1
-            self._record_reload(prepared.policy, prepared.start, ok=False, error=reason)
+            self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
 
     def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None) -> PreparedReload:
         """Build (and capture) the new state; the caller holds the lock and checked the args."""
-        old = self._state
+        old = self.slot.active
         if backend is None and old.graphs is not None:
             backend = old.graphs.backend_name
+        generation = self.slot.generation
         start = time.perf_counter()
         if policy == "release_first":
             old.release()
@@ -108,53 +149,37 @@ class ReloadMixin:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         try:
-            new = self._new_state(new_args.speculative, None, args=new_args,
-                                  generation=self._generation + 1)
-            if backend is not None:
-                self._capture_into(new, backend)
+            new = self._build_state(new_args, generation + 1, backend)
         except Exception as exc:
-            self.counters.failed_reloads += 1
-            self._record_reload(policy, start, ok=False, error=repr(exc))
+            self.reload_log.record(policy, start, ok=False, error=repr(exc))
             serving = "the old state keeps serving" + (
                 " eager (its graphs were released first)" if policy == "release_first" else "")
             raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
                               f"{exc}") from exc
-        return PreparedReload(new_args, policy, new, self._generation, start)
+        return PreparedReload(new_args, policy, new, generation, start)
 
     def _commit(self, prepared: PreparedReload) -> None:
         """Swap in a prepared state; the caller holds the lock."""
-        if prepared.generation != self._generation:
+        slot = self.slot
+        if prepared.generation != slot.generation:
             raise ReloadError(f"prepared reload to {prepared.args.speculative} is stale: prepared at "
-                              f"generation {prepared.generation}, the worker is at {self._generation}")
-        old = self._state
-        self._args, self._generation, self._state = prepared.args, self._generation + 1, prepared.state
-        old.release()
-        self.counters.reloads += 1
-        self._record_reload(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
+                              f"generation {prepared.generation}, the worker is at {slot.generation}")
+        slot.commit(prepared.args, prepared.state).release()
+        self.reload_log.record(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
         logger.info("reloaded to %s (%s) in %.3f s", prepared.args.speculative, prepared.policy,
                     self.reload_history[-1]["seconds"])
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
         """Validate now, reload at the start of the next step (safe from signal handlers)."""
         self._check_reload(new_args, policy)
-        self._pending = (new_args, policy)
+        self.slot.request(new_args, policy)
 
     def _apply_pending(self) -> None:
         """Run a requested reload; a failure is logged and recorded, serving goes on."""
-        pending, self._pending = self._pending, None
+        pending = self.slot.take_request()
         if pending is None:
             return
         try:
             self.reload(*pending)
         except ReloadError:
             logger.exception("requested reload failed")
-
-    def _record_reload(self, policy: str, start: float, ok: bool, error: str | None,
-                       state: Any = None) -> None:
-        """Keep the last reloads (bounded, so a long-running server does not grow)."""
-        stats = state.stats if state is not None else None
-        self.reload_history.append({
-            "policy": policy, "seconds": time.perf_counter() - start, "ok": ok, "error": error,
-            "capture_s": stats.capture_s if stats else 0.0,
-            "capture_bytes": stats.capture_bytes if stats else 0,
-        })

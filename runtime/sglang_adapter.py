@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-from .sglang.adapter import ChainSet, SGLangChainHandle, install_chain_buffers
+from .sglang.adapter import AdoptedChain, SGLangChainHandle, install_chain_buffers
 from .sglang.config import graph_config_from_sglang, runtime_args_from_sglang, sglang_chain_capacity
 
 __all__ = [
-    "ChainSet",
+    "AdoptedChain",
     "SGLangChainHandle",
     "graph_config_from_sglang",
     "install_chain_buffers",

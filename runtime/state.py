@@ -4,6 +4,11 @@ A worker serves from exactly one active state; reconfiguration builds another st
 one reference, so a step always sees a complete state. A state's graphs return (static
 topologies: the chain, a static tree) or read its own topology buffers; the state keeps both
 alive together and releases them together.
+
+Counting (STYLE.md §6.13): a step run under a state is counted once, where it happens: a
+graph replay in the `ReplayCounters` the state hands its graph managers, an eager step (and
+what its organize did) in the state's `StepCounts`. `StateStats` and the worker's
+`DraftCounters` are views computed from those counts.
 """
 
 from __future__ import annotations
@@ -11,15 +16,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from draftgraph.graphs import ReplayCounters
+
 from .config import SpeculativeConfig
 from .topology import TopologyBuffers
 
-__all__ = ["StateStats", "RuntimeState", "DraftCounters"]
+__all__ = ["DraftCounters", "RuntimeState", "StateStats", "StepCounts"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StateStats:
-    """Per-state figures: capture cost and how its steps ran."""
+    """Per-state figures at one moment: capture cost and how its steps ran."""
 
     capture_s: float = 0.0
     capture_bytes: int = 0
@@ -36,7 +43,9 @@ class StateStats:
 
 @dataclass
 class DraftCounters:
-    """Per-worker counters over all states (profiling and the demo summary)."""
+    """Draft-step counters (profiling, reports). A worker's `counters` is a snapshot computed
+    from its states' counts and its own events (writing to it changes nothing); the SGLang
+    drop-in's handle counts into one directly."""
 
     fast_path_hits: int = 0
     tree_path_calls: int = 0
@@ -53,9 +62,39 @@ class DraftCounters:
         """Plain dict for JSON."""
         return asdict(self)
 
+    def add_steps(self, counts: StepCounts, replays: ReplayCounters) -> None:
+        """Add the steps of one state: its eager steps as counted, its replays split into
+        fast-path hits (padded size within the topology buffers, which the graph returns as
+        views) and tree-path calls (everything else the graph organized)."""
+        graph = replays.replays
+        fast = replays.replays_up_to(counts.static_capacity) if counts.static_capacity else 0
+        self.fast_path_hits += counts.fast_path_hits + fast
+        self.tree_path_calls += counts.tree_path_calls + graph - fast
+        self.capacity_fallbacks += counts.capacity_fallbacks
+        self.graph_replays += graph
+        self.eager_steps += counts.eager_steps
+        self.graph_eager_fallbacks += counts.eager_fallbacks
+
+
+class StepCounts:
+    """What the steps a state ran eagerly did: the one count of each (graph replays are
+    counted by the graph manager). ``static_capacity`` is the rows of the state's topology
+    buffers (0 without), which tells which replays returned fast-path views."""
+
+    __slots__ = ("capacity_fallbacks", "eager_fallbacks", "eager_steps", "fast_path_hits",
+                 "static_capacity", "tree_path_calls")
+
+    def __init__(self) -> None:
+        self.eager_steps = 0
+        self.eager_fallbacks = 0  # eager steps of a state with graphs: b above the largest size
+        self.fast_path_hits = 0
+        self.tree_path_calls = 0
+        self.capacity_fallbacks = 0
+        self.static_capacity = 0
+
 
 class RuntimeState:
-    """(S, N, capture sizes, topology buffers, graph manager, stats) of one configuration.
+    """(S, N, capture sizes, topology buffers, graph manager, counts) of one configuration.
 
     ``graph_spec`` is the configuration the graphs were captured for: a state whose ``spec`` was
     changed behind its back (a raw attribute write on the worker) no longer replays them, and
@@ -66,13 +105,28 @@ class RuntimeState:
                  topology_buffers: TopologyBuffers | None, owner: object) -> None:
         self.spec = spec
         self.capture_sizes = tuple(capture_sizes)
-        self.topology_buffers = topology_buffers
+        self.counts = StepCounts()
+        self.replays = ReplayCounters()  # handed to every graph manager this state captures
         self._match: tuple[SpeculativeConfig | None, TopologyBuffers | None] = (None, None)
+        self._buffers: TopologyBuffers | None = None
+        self.topology_buffers = topology_buffers
         self.graphs: Any = None
         self.graph_spec: SpeculativeConfig | None = None
-        self.stats = StateStats()
+        self.capture_s = 0.0
+        self.capture_bytes = 0
+        self.nodes: dict[int, int | None] = {}
         self.owner = owner
         self.generation = 0
+
+    @property
+    def topology_buffers(self) -> TopologyBuffers | None:
+        """The state's topology buffers (None for a dynamic tree)."""
+        return self._buffers
+
+    @topology_buffers.setter
+    def topology_buffers(self, buffers: TopologyBuffers | None) -> None:
+        self._buffers = buffers
+        self.counts.static_capacity = buffers.capacity if buffers is not None else 0
 
     @property
     def num_steps(self) -> int:
@@ -84,10 +138,25 @@ class RuntimeState:
         """N of this state."""
         return self.spec.num_draft_tokens
 
+    def replayable_graphs(self) -> Any:
+        """The graph manager when it was captured for the current spec, else None: the one test
+        of "this state may replay" (a raw spec write makes the graphs stale)."""
+        graphs = self.graphs
+        if graphs is not None and (self.graph_spec is self.spec or self.graph_spec == self.spec):
+            return graphs
+        return None
+
     @property
     def has_graphs(self) -> bool:
         """True when captured graphs exist and were captured for the current spec."""
-        return self.graphs is not None and self.graph_spec == self.spec
+        return self.replayable_graphs() is not None
+
+    @property
+    def stats(self) -> StateStats:
+        """Snapshot of this state's figures (computed from its counts)."""
+        replays, eager = self.replays.replays, self.counts.eager_steps
+        return StateStats(self.capture_s, self.capture_bytes, dict(self.nodes), replays + eager, replays,
+                          eager, self.replays.pad_rows)
 
     @property
     def chain_buffers(self) -> TopologyBuffers | None:
@@ -99,10 +168,10 @@ class RuntimeState:
         """The topology buffers if they were built for the current spec's topology (the fast-path
         key check; the verdict is cached per spec object, so a step pays one identity test)."""
         spec, match = self._match
-        if spec is self.spec:
+        if spec is self.spec and match is self._buffers:
             return match
         spec = self.spec
-        buf, topo = self.topology_buffers, spec.topology
+        buf, topo = self._buffers, spec.topology
         match = buf if buf is not None and topo is not None and buf.topology == topo else None
         self._match = (spec, match)
         return match

@@ -9,20 +9,20 @@ buffers that state owns.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
 
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
-from .reload import ReloadMixin
+from .counting import CounterLedger
+from .reload import ReloadLog, ReloadMixin
 from .state import DraftCounters, RuntimeState
+from .state_slot import StateSlot
 from .topology import TopologyBufferCache, TopologyBuffers
 from .validation import ConfigTypeError, require_positive_int
 
@@ -30,14 +30,21 @@ __all__ = ["EagleDraftWorkerBase", "GraphStep"]
 
 logger = logging.getLogger(__name__)
 
-GraphStep = tuple[Callable[..., Any], dict[str, torch.Tensor], dict[str, float | int]]
+
+class GraphStep(NamedTuple):
+    """What a worker hands the graph manager for one state: the capturable ``step(**inputs)``,
+    its named static inputs (allocated at the largest capture size) and their pad values."""
+
+    step: Callable[..., Any]
+    static_inputs: dict[str, torch.Tensor]
+    pad_values: dict[str, float | int]
 
 
 class EagleDraftWorkerBase(ReloadMixin):
-    """Holds the args, the active state (spec, topology buffers, graphs) and the counters.
+    """Holds the state slot (args, active state, generation, pending reload), the topology
+    buffer cache and the counts.
 
-    Subclasses provide ``_graph_step(state, max_size)``: the step callable over named static
-    inputs, those inputs allocated at ``max_size`` rows, and their pad values.
+    Subclasses provide ``_graph_step(state, max_size)`` (a `GraphStep`).
     """
 
     captures_graphs = True
@@ -45,85 +52,96 @@ class EagleDraftWorkerBase(ReloadMixin):
     def __init__(self, args: RuntimeArgs) -> None:
         if not isinstance(args, RuntimeArgs):
             raise ConfigTypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
-        self._args = args
-        self._generation = 0
         self._token = object()  # identifies this worker's states (an id() could be reused)
-        self._chain_cache = TopologyBufferCache()  # every static topology; the chain is one
-        self._lock = threading.RLock()
-        self._pending: tuple[RuntimeArgs, str] | None = None
-        self.counters = DraftCounters()
-        self.reload_history: deque[dict[str, Any]] = deque(maxlen=64)
+        self._topology_cache = TopologyBufferCache()  # every static topology; the chain is one
+        self._ledger = CounterLedger()
+        self.reload_log = ReloadLog()
         self._check_args(args)
-        self._state = self._new_state(args.speculative, None)
+        self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
 
     # ---- configuration views -------------------------------------------------------------
     @property
     def args(self) -> RuntimeArgs:
         """The arguments the worker was built or last reloaded with."""
-        return self._args
+        return self.slot.args
 
     @property
     def state(self) -> RuntimeState:
         """The active runtime state."""
-        return self._state
+        return self.slot.active
+
+    @property
+    def generation(self) -> int:
+        """Committed reloads so far: a state built under an older generation is stale."""
+        return self.slot.generation
+
+    @property
+    def counters(self) -> DraftCounters:
+        """Snapshot of the worker's counters over all its states, past and present (computed
+        from the counts kept where each event happens; writing to it changes nothing)."""
+        log = self.reload_log
+        return self._ledger.snapshot(log.succeeded, log.failed)
 
     @property
     def spec(self) -> SpeculativeConfig:
         """The active draft shape (S, k, N)."""
-        return self._state.spec
+        return self.slot.active.spec
 
     @property
     def topk(self) -> int:
         """k of the active state."""
-        return self._state.spec.topk
+        return self.slot.active.spec.topk
 
     @property
     def device(self) -> torch.device:
         """Device of buffers and graphs."""
-        return torch.device(self._args.device)
+        return torch.device(self.slot.args.device)
 
     @property
     def chain_capacity(self) -> int:
         """Rows of the chain buffers (see `chain_capacity`)."""
-        return chain_capacity(self._args)
+        return chain_capacity(self.slot.args)
 
     @property
     def chain_buffers(self) -> TopologyBuffers | None:
         """The active state's buffers when its topology is a chain (None otherwise)."""
-        return self._state.chain_buffers
+        return self.slot.active.chain_buffers
 
     @property
     def topology_buffers(self) -> TopologyBuffers | None:
         """The active state's topology buffers (None for a dynamic tree)."""
-        return self._state.topology_buffers
+        return self.slot.active.topology_buffers
 
     @property
     def speculative_num_steps(self) -> int:
         """S of the active state."""
-        return self._state.spec.num_steps
+        return self.slot.active.spec.num_steps
 
     @speculative_num_steps.setter
     def speculative_num_steps(self, value: int) -> None:
         """Raw write, as SGLang's attribute: no rebuild; the fast path and graphs then refuse the
         stale buffers (key check) until `rebuild_chain_buffers` or an override. A static tree's
         depth is fixed by its tree_choices: ValueError."""
-        self._state.spec = self._state.spec.with_steps(value)
+        state = self.slot.active
+        state.spec = state.spec.with_steps(value)
 
     @property
     def speculative_num_draft_tokens(self) -> int:
         """N of the active state."""
-        return self._state.spec.num_draft_tokens
+        return self.slot.active.spec.num_draft_tokens
 
     # ---- buffers and states ----------------------------------------------------------------
     def rebuild_topology_buffers(self) -> TopologyBuffers | None:
         """Give the active state the buffers of its current spec (same key: same tensors)."""
-        st = self._state
+        st = self.slot.active
         with span("rebuild", num_steps=st.spec.num_steps, capacity=self.chain_capacity):
             st.topology_buffers = self._buffers_for(st.spec)
-            self.counters.rebuilds += 1
+            self._ledger.events.rebuilds += 1
         return st.topology_buffers
 
-    rebuild_chain_buffers = rebuild_topology_buffers  # SGLang's name for the chain case
+    def rebuild_chain_buffers(self) -> TopologyBuffers | None:
+        """SGLang's name (`_rebuild_topk1_chain_buffers`' worker) for `rebuild_topology_buffers`."""
+        return self.rebuild_topology_buffers()
 
     def _buffers_for(self, spec: SpeculativeConfig, args: RuntimeArgs | None = None
                      ) -> TopologyBuffers | None:
@@ -131,16 +149,26 @@ class EagleDraftWorkerBase(ReloadMixin):
         topology = spec.topology
         if topology is None:
             return None
-        args = args or self._args
-        return self._chain_cache.get(topology, chain_capacity(args), args.device)
+        args = args or self.slot.args
+        return self._topology_cache.get(topology, chain_capacity(args), args.device)
 
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
                    args: RuntimeArgs | None = None, generation: int | None = None) -> RuntimeState:
-        """A complete state for ``spec`` with its buffers; graphs are captured separately."""
-        args = args or self._args
+        """A complete state for ``spec`` with its buffers, counted in this worker's figures;
+        graphs are captured separately."""
+        args = args or self.slot.args
         state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._buffers_for(spec, args),
                              self._token)
-        state.generation = self._generation if generation is None else generation
+        state.generation = self.slot.generation if generation is None else generation
+        self._ledger.track(state)
+        return state
+
+    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None) -> RuntimeState:
+        """`ReloadMixin`'s hook: the state for ``args`` at ``generation``, captured when ``backend``
+        is given."""
+        state = self._new_state(args.speculative, None, args=args, generation=generation)
+        if backend is not None:
+            self._capture_into(state, backend)
         return state
 
     @staticmethod
@@ -175,24 +203,24 @@ class EagleDraftWorkerBase(ReloadMixin):
         """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
         if not state.capture_sizes or not self.captures_graphs:
             return state
-        step, static, pads = self._graph_step(state, max(state.capture_sizes))
-        manager = GraphCaptureManager(step, static, list(state.capture_sizes), backend=backend,
-                                      pad_values=pads)
+        graph_step = self._graph_step(state, max(state.capture_sizes))
+        manager = GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
+                                      backend=backend, pad_values=graph_step.pad_values,
+                                      counters=state.replays)
         start = time.perf_counter()
         manager.capture()
         old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
         if old is not None:
             old.release()
-        st = state.stats
-        st.capture_s = time.perf_counter() - start
-        st.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
-        st.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
+        state.capture_s = time.perf_counter() - start
+        state.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
+        state.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
         return state
 
     def capture_graphs(self, backend: str = "auto") -> RuntimeState:
         """Capture the active state's draft step, one graph per capture size; later steps replay."""
-        with self._lock:
-            return self._capture_into(self._state, backend)
+        with self.slot.lock:
+            return self._capture_into(self.slot.active, backend)
 
     # ---- overrides and states --------------------------------------------------------------
     @contextmanager
@@ -205,15 +233,16 @@ class EagleDraftWorkerBase(ReloadMixin):
         untouched. Nests. ``capture_bs=[]`` means no graphs.
         Holds the worker's lock throughout: steps of other threads wait until it exits."""
         spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
-        with self._lock:
+        slot = self.slot
+        with slot.lock:
             with span("rebuild", num_steps=spec.num_steps, capacity=self.chain_capacity):
                 temporary = self._new_state(spec, capture_bs)
-                self.counters.rebuilds += 1
-            previous, self._state = self._state, temporary
+                self._ledger.events.rebuilds += 1
+            previous = slot.switch(temporary)
             try:
                 yield temporary
             finally:
-                self._state = previous
+                slot.switch(previous)
 
     def build_runtime_state(self, num_steps: int, num_draft_tokens: int | None = None,
                             capture_bs: Sequence[int] | None = None,
@@ -225,7 +254,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         Equivalent to capturing inside an override, except that the active state is never
         swapped, so a lock-free reader (the multi-layer fast path) cannot see the new state."""
         spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
-        with self._lock:
+        with self.slot.lock:
             state = self._new_state(spec, capture_bs)
             return self._capture_into(state, backend)
 
@@ -233,11 +262,12 @@ class EagleDraftWorkerBase(ReloadMixin):
         """Switch to a built state: O(1), no capture, no allocation."""
         if not isinstance(state, RuntimeState) or state.owner is not self._token:
             raise ValueError(f"state={state!r}: not a state built by this worker")
-        if state.generation != self._generation:
+        slot = self.slot
+        if state.generation != slot.generation:
             raise ValueError(
                 f"state={state!r}: built before the last reload (generation {state.generation}, "
-                f"now {self._generation}); build it again"
+                f"now {slot.generation}); build it again"
             )
-        with self._lock:
-            self._state = state
-            self.counters.switches += 1
+        with slot.lock:
+            slot.switch(state)
+            self._ledger.events.switches += 1

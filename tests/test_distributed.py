@@ -206,6 +206,7 @@ def scenario_unresponsive(rank, world):
         generation = coord.step()
         durations.append(time.perf_counter() - start)
         worker.draft_forward(inp)
+        dist.all_reduce(torch.zeros(1))  # lockstep, as a draft step's collectives keep ranks
         served.append((generation, worker.spec.num_steps))
     return {"served": served, "history": list(coord.history), "max_step_s": max(durations),
             "graphs": worker.state.has_graphs}

@@ -242,4 +242,4 @@ def test_500_reload_cycles_do_not_grow_rss():
     gc.collect()
     grown = proc.memory_info().rss - base
     assert grown < 5 * 2**20, f"RSS grew by {grown / 2**20:.2f} MB over 500 reloads"
-    assert len(w._chain_cache) <= 2  # buffers of released states were freed
+    assert len(w._topology_cache) <= 2  # buffers of released states were freed

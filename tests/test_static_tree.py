@@ -322,7 +322,7 @@ def test_memory_flat_over_300_reloads_cycling_topologies():
     gc.collect()
     grown = proc.memory_info().rss - base
     assert grown < 8 * 2**20, f"RSS grew by {grown / 2**20:.2f} MB over 330 reloads"
-    assert len(w._chain_cache) <= 1  # only the active state's buffers (or none) are alive
+    assert len(w._topology_cache) <= 1  # only the active state's buffers (or none) are alive
 
 
 @pytest.mark.cuda

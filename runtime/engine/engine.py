@@ -65,9 +65,9 @@ class SpecDecodeEngine:
             self.worker.capture_graphs(backend)
         self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
         self.coordinator: Any = None
-        self._reloads_seen = 0
+        self._generation_seen = self.worker.generation
         self.controller: AdaptiveStepController | None = self._new_controller()
-        self.stats_ = EngineStats()
+        self._stats = EngineStats()
         self._next_id = 0
         self._waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -131,10 +131,10 @@ class SpecDecodeEngine:
             self.worker.reload(new_args, policy)
         except (ReloadError, ValueError) as exc:
             logger.error("reload rejected, the previous state keeps serving: %s", exc)
-            self.stats_.reloads.append({"ok": False, "error": str(exc), "step": self.stats_.steps})
+            self._stats.reloads.append({"ok": False, "error": str(exc), "step": self._stats.steps})
         else:
             self.args = new_args
-            self.stats_.reloads.append({"ok": True, "step": self.stats_.steps,
+            self._stats.reloads.append({"ok": True, "step": self._stats.steps,
                                         **self.worker.reload_history[-1]})
         self.controller = self._new_controller()
 
@@ -158,6 +158,11 @@ class SpecDecodeEngine:
         self._waiting.append(Request(rid, ids, max_new_tokens))
         return rid
 
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens emitted since the engine was built or its stats were reset."""
+        return self._stats.tokens_generated
+
     def has_work(self) -> bool:
         return bool(self._waiting or self.running)
 
@@ -179,7 +184,7 @@ class SpecDecodeEngine:
             req.seq_len = len(req.prompt)
             req.bonus = int(logits[-1].argmax())
             req.emit([req.bonus], self.eos_id)
-            self.stats_.tokens_generated += len(req.output)
+            self._stats.tokens_generated += len(req.output)
             if req.done:
                 self._finish(req)
                 continue
@@ -189,19 +194,19 @@ class SpecDecodeEngine:
     def _finish(self, req: Request) -> None:
         self._free.append(req.slot)
         self._finished[req.rid] = req
-        self.stats_.requests_finished += 1
+        self._stats.requests_finished += 1
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that finished in it."""
-        st = self.stats_
+        st = self._stats
         if self._pending is not None:
             self._apply_reload()
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
-            if self.worker.counters.reloads != self._reloads_seen:  # a coordinated reload
-                self._reloads_seen = self.worker.counters.reloads
+            if self.worker.generation != self._generation_seen:  # a coordinated reload
+                self._generation_seen = self.worker.generation
                 self.args = self.worker.args
                 if self.controller is not None:
                     self.controller.release()
@@ -221,7 +226,7 @@ class SpecDecodeEngine:
         with st.timed("build_tree"):
             lens = torch.tensor([r.seq_len for r in reqs], device=dev)
             bonus = torch.tensor([r.bonus for r in reqs], device=dev)
-            tree = build_tree(bonus, parent_list, top_idx, draft_tokens, lens, spec.topk,
+            tree = build_tree(bonus, parent_list, top_idx, draft_tokens, lens, spec.layout_topk,
                               spec.num_steps, n)
         with st.timed("verify"):
             slots = torch.tensor([r.slot for r in reqs], device=dev)
@@ -251,7 +256,7 @@ class SpecDecodeEngine:
     def _commit(self, reqs: list[Request], acc: Any) -> None:
         """Move accepted K/V to consecutive positions, advance seq_len, emit tokens."""
         slots, src, dst = [], [], []
-        st = self.stats_
+        st = self._stats
         for r, path, toks in zip(reqs, acc.paths, acc.tokens):
             for depth, node in enumerate(path):
                 if node != depth:
@@ -282,12 +287,12 @@ class SpecDecodeEngine:
     def reset_stats(self) -> None:
         """Start the engine's counters afresh (tokens, steps, acceptance, stage seconds), e.g.
         after a warm-up; the worker's counters and the requests are left as they are."""
-        self.stats_ = EngineStats()
+        self._stats = EngineStats()
 
     def stats(self) -> dict[str, Any]:
         """Engine figures plus the worker's counters and per-state statistics."""
         c = self.worker.counters.as_dict()
-        out = self.stats_.as_dict()
+        out = self._stats.as_dict()
         out.update(graph_replays=c["graph_replays"], eager_fallbacks=c["graph_eager_fallbacks"],
                    eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,

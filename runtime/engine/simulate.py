@@ -121,10 +121,10 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                 if cfg.reload_at is not None and step == cfg.reload_at and (
                         rank is None or rank == world_size - 1):
                     _reload_from(engine, cfg.reload_config, f"--reload-at {step}")
-                before = engine.stats_.tokens_generated
+                before = engine.tokens_generated
                 engine.step()
                 if bar is not None:
-                    bar.update(engine.stats_.tokens_generated - before)
+                    bar.update(engine.tokens_generated - before)
                 step += 1
             loop_s = time.perf_counter() - start  # without writing the trace
     finally:

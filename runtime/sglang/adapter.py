@@ -27,7 +27,7 @@ from ..state import DraftCounters
 from ..validation import require_positive_int
 from .config import _published_server_args, sglang_chain_capacity
 
-__all__ = ["ChainSet", "SGLangChainHandle", "install_chain_buffers"]
+__all__ = ["AdoptedChain", "SGLangChainHandle", "install_chain_buffers"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def install_chain_buffers(worker: Any) -> SGLangChainHandle:
     return SGLangChainHandle(worker)
 
 
-class ChainSet:
+class AdoptedChain:
     """One (S, capacity, device) set of chain tensors the worker was given, with cached row views.
 
     Either draftgraph's `ChainBuffers` (``owner``, kept alive with its tensors) or tensors SGLang
@@ -92,8 +92,8 @@ class SGLangChainHandle:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.counters = DraftCounters()
-        self.active: ChainSet | None = None
-        self._held: dict[tuple[int, int, str], ChainSet] = {}
+        self.active: AdoptedChain | None = None
+        self._held: dict[tuple[int, int, str], AdoptedChain] = {}
         self._nan_check = _sglang_nan_check(worker)
         names = [_REBUILD] + ([_FORWARD] if _is_multi_layer(worker) else [])
         self._saved = {name: vars(worker).get(name, _MISSING) for name in names}
@@ -156,13 +156,13 @@ class SGLangChainHandle:
             self.active = buf
             self.counters.rebuilds += 1
 
-    def _buffers_for(self, num_steps: int, capacity: int, device: Any) -> ChainSet:
+    def _buffers_for(self, num_steps: int, capacity: int, device: Any) -> AdoptedChain:
         """The held set for (S, capacity, device), built once as draftgraph's ChainBuffers."""
         key = (num_steps, capacity, str(torch.device(device)))
         found = self._held.get(key)
         if found is None:
             built = ChainBuffers(num_steps, capacity, device)
-            found = self._held[key] = ChainSet(built.parents, built.score_indices, num_steps, built)
+            found = self._held[key] = AdoptedChain(built.parents, built.score_indices, num_steps, built)
         return found
 
     def _config_source(self) -> Any:
@@ -190,7 +190,7 @@ class SGLangChainHandle:
         if parents.shape[0] != sglang_chain_capacity(self._config_source()):
             self.rebuild()
             return
-        adopted = ChainSet(parents, indices, s)
+        adopted = AdoptedChain(parents, indices, s)
         self.active = self._held[adopted.key] = adopted
 
     # ---- draft_forward (multi-layer) ---------------------------------------------------------

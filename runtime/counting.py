@@ -1,0 +1,59 @@
+"""A worker's counters as one view over counts kept where the events happen.
+
+Steps are counted by the state they ran under (`StepCounts`, and the graph manager's
+`ReplayCounters` for replays); rebuilds and switches by the worker, reloads by its reload
+log. `CounterLedger.snapshot` sums them. States come and go (reloads, adaptive rebuilds,
+overrides), so when one is garbage collected its counts are folded into a retired total:
+the worker's figures never go down and a long-running worker keeps no per-state record.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from draftgraph.graphs import ReplayCounters
+
+from .state import DraftCounters, RuntimeState, StepCounts
+
+__all__ = ["CounterLedger", "WorkerEvents"]
+
+
+class WorkerEvents:
+    """Events of the worker itself: topology-buffer rebuilds and state switches."""
+
+    __slots__ = ("rebuilds", "switches")
+
+    def __init__(self) -> None:
+        self.rebuilds = 0
+        self.switches = 0
+
+
+def _retire(total: DraftCounters, counts: StepCounts, replays: ReplayCounters) -> None:
+    """Fold a collected state's counts into ``total`` (a weakref finalizer: no reference to
+    the worker or the state)."""
+    total.add_steps(counts, replays)
+
+
+class CounterLedger:
+    """Live states' counts plus the retired total; `snapshot` gives the worker's counters."""
+
+    def __init__(self) -> None:
+        self.events = WorkerEvents()
+        self._retired = DraftCounters()
+        self._live: weakref.WeakSet[RuntimeState] = weakref.WeakSet()
+
+    def track(self, state: RuntimeState) -> None:
+        """Count ``state``'s steps in this worker's figures, also after it is gone."""
+        self._live.add(state)
+        fin = weakref.finalize(state, _retire, self._retired, state.counts, state.replays)
+        fin.atexit = False
+
+    def snapshot(self, reloads: int, failed_reloads: int) -> DraftCounters:
+        """The worker's counters now."""
+        r = self._retired
+        out = DraftCounters(r.fast_path_hits, r.tree_path_calls, r.capacity_fallbacks, r.graph_replays,
+                            r.eager_steps, r.graph_eager_fallbacks, self.events.rebuilds,
+                            self.events.switches, reloads, failed_reloads)
+        for state in list(self._live):
+            out.add_steps(state.counts, state.replays)
+        return out
