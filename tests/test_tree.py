@@ -112,22 +112,39 @@ def test_unselected_parent_is_reported():
     parent_list = torch.tensor([[-1, 0, 1]])
     top_idx = torch.tensor([[1, 3]])
     tokens = torch.tensor([[5, 6]])
-    try:
+    with pytest.raises(ValueError, match=r"top_scores_index\[0, 1\] = 3 \(request 0, node 2\): its "
+                                         r"parent candidate parent_list\[0, 1\] = 0 was not selected"):
         build(torch.tensor([1]), parent_list, top_idx, tokens, torch.tensor([4]), 2, 2, 3)
-    except ValueError as exc:
-        assert "parent was not selected" in str(exc)
-    else:
-        raise AssertionError("no error for an unselected parent")
+    # validate=False: the kernel's answer, node 2 left out of the retrieval tree
+    tree = build(torch.tensor([1]), parent_list, top_idx, tokens, torch.tensor([4]), 2, 2, 3,
+                 validate=False)
+    assert tree.parents.tolist() == [[-1, 0, -1]]
+    assert tree.retrieve_next_token.tolist() == [[1, -1, -1]]
+    assert tree.positions.tolist() == [4, 5, 5]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_build_tree_on_cuda_matches_cpu():
+    import random
+
+    from test_tree_kernel import random_case
+
+    fields = ("tokens", "positions", "parents", "tree_mask", "retrieve_index",
+              "retrieve_next_token", "retrieve_next_sibling")
     for b, k, s, n in ((3, 1, 4, 5), (4, 4, 3, 9), (2, 2, 5, 12)):
         parent_list, top_idx, tokens = drafted(b, k, s, n, seed=b + k)
         verified, seq_lens = torch.arange(b), torch.full((b,), 9)
         cpu = build(verified, parent_list, top_idx, tokens, seq_lens, k, s, n)
         gpu = build(*(t.cuda() for t in (verified, parent_list, top_idx, tokens, seq_lens)), k, s, n)
-        for name in ("tokens", "positions", "parents", "tree_mask", "retrieve_index",
-                     "retrieve_next_token", "retrieve_next_sibling"):
+        for name in fields:
+            assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
+    rnd = random.Random(0)  # malformed and unsorted inputs, validate=False (issue 20)
+    for b, k, s, n in ((3, 2, 4, 9), (2, 3, 3, 12), (4, 1, 6, 4)):
+        parents, selected = random_case(rnd, b, k, s, n, mutations=3)
+        plist, top_idx = torch.tensor(parents).view(b, -1), torch.tensor(selected)
+        args = (torch.arange(b), plist, top_idx, top_idx + 3, torch.full((b,), 9))
+        cpu = build(*args, k, s, n, validate=False)
+        gpu = build(*(t.cuda() for t in args), k, s, n, validate=False)
+        for name in fields:
             assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
