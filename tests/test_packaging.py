@@ -1,0 +1,168 @@
+"""Packaging rules: what `import draftgraph.runtime` loads, optional dependencies, the public API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _python(code: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (this one's sys.path, so the checkout is found)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_import_runtime_loads_neither_models_nor_engine():
+    # ../shared/DESIGN.md §2: the component never imports runtime/models or runtime/engine
+    code = (
+        "import json, sys\n"
+        "import draftgraph.runtime\n"
+        "from draftgraph.runtime import TinyDraftModel, make_draft_input\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(\n"
+        "    ('draftgraph.runtime.models', 'draftgraph.runtime.engine')))))\n"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_test_helpers_live_in_the_component_and_stay_importable():
+    import draftgraph.runtime as rt
+    from draftgraph.runtime import models, testing
+
+    assert rt.TinyDraftModel is testing.TinyDraftModel is models.TinyDraftModel
+    assert rt.make_draft_input is testing.make_draft_input is models.make_draft_input
+    assert "TinyDraftModel" not in rt.__all__ and "make_draft_input" not in rt.__all__
+
+
+def test_runtime_all_is_sorted_unique_and_resolves():
+    import draftgraph.runtime as rt
+
+    names = rt.__all__
+    assert names == sorted(names)
+    assert len(set(names)) == len(names)
+    assert [n for n in names if not hasattr(rt, n)] == []
+    assert 25 <= len(names) <= 35  # what a serving engine needs, not every helper
+
+
+def test_graphs_all_is_sorted_unique_and_resolves():
+    import draftgraph.graphs as graphs
+
+    names = graphs.__all__
+    assert names == sorted(names)
+    assert len(set(names)) == len(names)
+    assert [n for n in names if not hasattr(graphs, n)] == []
+
+
+def test_star_import_gives_exactly_all():
+    namespace: dict[str, object] = {}
+    exec("from draftgraph.runtime import *", namespace)
+    import draftgraph.runtime as rt
+
+    assert sorted(k for k in namespace if k != "__builtins__") == rt.__all__
+
+
+def test_documented_import_paths_keep_working():
+    from draftgraph.runtime import ranks, sglang
+    from draftgraph.runtime.distributed import RankCoordinator
+    from draftgraph.runtime.rank_launch import RankLaunchError, spawn_ranks
+    from draftgraph.runtime.sglang_adapter import install_chain_buffers, runtime_args_from_sglang
+
+    assert RankCoordinator is ranks.coordinator.RankCoordinator
+    assert spawn_ranks is ranks.launch.spawn_ranks and RankLaunchError is ranks.launch.RankLaunchError
+    assert install_chain_buffers is sglang.adapter.install_chain_buffers
+    assert runtime_args_from_sglang is sglang.config.runtime_args_from_sglang
+
+
+def test_one_runtime_args_from_sglang_and_no_import_circle():
+    import ast
+    import types
+    from pathlib import Path
+
+    import draftgraph.runtime as rt
+    from draftgraph.runtime import RuntimeArgs, runtime_args_from_sglang
+    from draftgraph.runtime.sglang import config as sglang_config
+
+    root = Path(rt.__file__).parent
+    defined = [str(f.relative_to(root)) for f in root.rglob("*.py")
+               if "def runtime_args_from_sglang(" in f.read_text()]
+    assert defined == ["sglang/config.py"]
+    assert runtime_args_from_sglang is sglang_config.runtime_args_from_sglang
+    # config.py imports sglang/config.py only inside from_sglang (sglang/config.py imports config.py)
+    top = ast.parse((root / "config.py").read_text()).body
+    imported = [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in imported if "sglang" in m], imported
+    src = types.SimpleNamespace(speculative_num_steps=3, speculative_eagle_topk=1,
+                                speculative_num_draft_tokens=4, cuda_graph_config=None,
+                                max_running_requests=8)
+    assert RuntimeArgs.from_sglang(src) == runtime_args_from_sglang(src)
+
+
+# ---- optional dependencies ---------------------------------------------------------------------
+_NO_PSUTIL = "import sys; sys.modules['psutil'] = None\n"  # `import psutil` raises ImportError
+
+
+def test_cli_help_works_without_psutil():
+    for argv in (["--help"], ["simulate", "--help"]):
+        code = (_NO_PSUTIL + f"sys.argv = ['draftgraph', *{argv!r}]\n"
+                "from draftgraph.runtime.engine.cli import main\n"
+                "sys.exit(main())\n")
+        done = _python(code)
+        assert done.returncode == 0, done.stderr
+        assert "usage: draftgraph" in done.stdout
+        assert "Traceback" not in done.stderr
+
+
+def test_rss_without_psutil_reads_proc_or_nan():
+    code = (_NO_PSUTIL + "import math\n"
+            "from draftgraph.runtime.engine.simulate import _rss_mib\n"
+            "v = _rss_mib()\n"
+            "assert math.isnan(v) or v > 1.0, v\n")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+
+
+_ARGS = {"speculative": {"num_steps": 2, "topk": 1}, "max_running_requests": 4}
+_TOML = "max_running_requests = 4\n[speculative]\nnum_steps = 2\ntopk = 1\n"
+
+
+def _hide(monkeypatch, *modules: str) -> None:
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_toml_without_tomllib_or_tomli_names_the_missing_piece(tmp_path, monkeypatch):
+    from draftgraph.runtime import load_runtime_args
+
+    (tmp_path / "a.json").write_text(json.dumps(_ARGS))
+    (tmp_path / "a.toml").write_text(_TOML)
+    _hide(monkeypatch, "tomllib", "tomli")  # Python 3.10 without tomli
+    assert load_runtime_args(tmp_path / "a.json").speculative.num_steps == 2  # JSON keeps working
+    with pytest.raises(ValueError) as info:
+        load_runtime_args(tmp_path / "a.toml")
+    text = str(info.value)
+    assert "a.toml" in text and "Python 3.11" in text and "tomli" in text and "JSON" in text
+
+
+def test_toml_falls_back_to_tomli(tmp_path, monkeypatch):
+    import types
+
+    from draftgraph.runtime import load_runtime_args
+
+    real = pytest.importorskip("tomllib")  # the parser behind the fake tomli
+
+    (tmp_path / "a.toml").write_text(_TOML)
+    calls = []
+    fake = types.SimpleNamespace(loads=lambda text: calls.append(text) or real.loads(text))
+    _hide(monkeypatch, "tomllib")
+    monkeypatch.setitem(sys.modules, "tomli", fake)
+    args = load_runtime_args(tmp_path / "a.toml")
+    assert calls == [_TOML] and args.speculative.num_steps == 2 and args.max_running_requests == 4
+
+
+def test_runtime_imports_without_tomllib():
+    done = _python("import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
+                   "import draftgraph.runtime\n")
+    assert done.returncode == 0, done.stderr
