@@ -136,6 +136,7 @@ class CudaBackend:
 
     name = "cuda"
     captures = True
+    records_on_copies = False  # a CUDA graph bakes the addresses it records: capture on the live buffers
 
     def __init__(self, rows: int, device: torch.device) -> None:
         if device.type != "cuda":

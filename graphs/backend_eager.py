@@ -18,6 +18,7 @@ class EagerBackend:
 
     name = "eager"
     captures = False
+    records_on_copies = False
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` once."""

@@ -173,6 +173,15 @@ class TraceGraph:
         self._copies = tuple((i, outputs[i]) for i in fresh)
         self._runner: Any = gm
         self.engine = "fx"
+        self.compile_s = 0.0  # seconds spent compiling a faster runner (compile backend)
+        self.fallback_reason: str | None = None  # why a compiled runner was not used
+
+    @property
+    def module(self) -> fx.GraphModule:
+        """The recorded graph (RuntimeError once released)."""
+        if self._gm is None:
+            raise RuntimeError(f"trace graph for size {self.size} was released")
+        return self._gm
 
     def use_runner(self, runner: Any, engine: str) -> None:
         """Replay through ``runner`` (same graph, e.g. a TorchScript interpreter) from now on."""
@@ -203,6 +212,7 @@ class TraceBackend:
 
     name = "trace"
     captures = True
+    records_on_copies = True  # capture(..., trace_args=stand-ins): recording beside serving is safe
 
     def __init__(self, rows: int) -> None:
         self._rows = rows
@@ -217,18 +227,30 @@ class TraceBackend:
         """Run ``fn`` eagerly once."""
         return fn(*args)
 
-    def capture(self, size: int, fn: FlatStep, args: tuple[Tensor, ...]) -> TraceGraph:
-        """Record ``fn`` at ``size`` and place its fresh outputs in the shared buffers."""
-        gm, outs = _trace(fn, args, size)
+    def capture(self, size: int, fn: FlatStep, args: tuple[Tensor, ...],
+                trace_args: tuple[Tensor, ...] | None = None) -> TraceGraph:
+        """Record ``fn`` at ``size`` and place its fresh outputs in the shared buffers.
+
+        ``trace_args`` (same shapes and strides as ``args``): record over these stand-ins and
+        replay over ``args``, so recording never touches the live static rows; an output that
+        is a view of a stand-in becomes the same view of the live input."""
+        rec_args = args if trace_args is None else trace_args
+        gm, outs = _trace(fn, rec_args, size)
         _reject_data_dependent(gm, size)
-        aliased = _constant_storages(gm) | {_storage_key(a) for a in args}
+        constants = _constant_storages(gm)
+        inputs = {_storage_key(a): i for i, a in enumerate(rec_args)}
         outputs: list[Tensor] = []
         fresh: list[int] = []
         nbytes = 0
         for i, out in enumerate(outs):
             key = _storage_key(out)
-            if key != 0 and key in aliased:
-                outputs.append(out)  # a view of a constant or static input: that very memory
+            if key != 0 and key in constants:
+                outputs.append(out)  # a view of a constant: that very memory
+                continue
+            if key != 0 and key in inputs:  # a view of a static input: the same view of the live one
+                j = inputs[key]
+                offset = out.storage_offset() - rec_args[j].storage_offset() + args[j].storage_offset()
+                outputs.append(args[j].as_strided(out.size(), out.stride(), offset))
                 continue
             buffer, new_bytes = self._buffer_for(i, out)
             nbytes += new_bytes

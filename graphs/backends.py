@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .backend_compile import CompileBackend, compiler_available
 from .backend_cuda import CudaBackend
 from .backend_eager import EagerBackend
 from .backend_trace import TraceBackend
@@ -15,7 +16,7 @@ from .protocol import GraphBackend
 
 __all__ = ["BACKEND_NAMES", "make_backend", "resolve_backend"]
 
-BACKEND_NAMES: tuple[str, ...] = ("auto", "cuda", "trace", "eager")
+BACKEND_NAMES: tuple[str, ...] = ("auto", "cuda", "compile", "trace", "eager")
 """Names ``resolve_backend`` accepts."""
 
 
@@ -31,6 +32,9 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
         return "cuda" if cuda_ok and on_cuda else "trace"
     if name == "cuda" and not cuda_ok:
         raise ValueError("backend='cuda': torch.cuda.is_available() is False; use 'auto', 'trace' or 'eager'")
+    if name == "compile" and not compiler_available():
+        raise ValueError("backend='compile': no C++ compiler found for inductor (set CXX or install g++); "
+                         "use 'trace' or 'eager'")
     return name
 
 
@@ -40,6 +44,8 @@ def make_backend(name: str, rows: int, device: torch.device) -> GraphBackend:
         return CudaBackend(rows, device)
     if name == "trace":
         return TraceBackend(rows)
+    if name == "compile":
+        return CompileBackend(rows)
     if name == "eager":
         return EagerBackend()
-    raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, trace, eager)")
+    raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")

@@ -21,6 +21,7 @@ of its padded size; the totals in `stats` are sums of those.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -97,8 +98,8 @@ class GraphCaptureManager:
     ``step(**inputs)`` returns a tensor or a tuple of tensors whose dim 0 is the batch.
     ``static_inputs`` (name -> tensor, dim 0 >= max(capture_sizes)) are owned by the
     manager's graphs: never rebind or free them while captured. ``pad_values`` gives the
-    fill value of pad rows per input (default 0). ``backend`` is "auto", "cuda", "trace"
-    or "eager" (see ``resolve_backend``; "auto" follows the static inputs' device).
+    fill value of pad rows per input (default 0). ``backend`` is "auto", "cuda", "compile",
+    "trace" or "eager" (see ``resolve_backend``; "auto" follows the static inputs' device).
     ``debug``/``debug_every`` switch on replay checks (default: DRAFTGRAPH_DEBUG and
     DRAFTGRAPH_DEBUG_EVERY, read here). The eager backend captures nothing; its runs are
     counted as ``eager_runs``. ``counters`` is where runs are counted (default: a new
@@ -144,12 +145,19 @@ class GraphCaptureManager:
         self._first = self._static.names[0]
         self._plans: dict[int, ReplayPlan] = {}
         self._captures = 0
+        # incremental capture (`begin` / `capture_size`): sizes publish one at a time
+        self._lock = threading.Lock()  # publication and release; never held while recording
+        self._started = False
+        self._epoch = 0  # bumped by release(): a capture that began before it is discarded
+        self._pending: set[int] = set()
+        self._failed: dict[int, str] = {}
+        self.last_miss = ""  # why the latest lookup answered None
 
     # ---- properties -------------------------------------------------------------------
 
     @property
     def backend_name(self) -> str:
-        """The resolved backend: "cuda", "trace" or "eager"."""
+        """The resolved backend: "cuda", "compile", "trace" or "eager"."""
         return self._backend_name
 
     @property
@@ -169,8 +177,19 @@ class GraphCaptureManager:
 
     @property
     def is_captured(self) -> bool:
-        """True between a successful ``capture()`` and ``release()``."""
+        """True once every size is captured (``capture()``, or the last ``capture_size``) until
+        ``release()``."""
         return self._captured
+
+    @property
+    def pending_sizes(self) -> tuple[int, ...]:
+        """Sizes queued by `begin` and not captured yet, ascending."""
+        return tuple(sorted(self._pending))
+
+    @property
+    def failed_sizes(self) -> dict[int, str]:
+        """Sizes whose `capture_size` failed (they stay eager), with the error."""
+        return dict(self._failed)
 
     @property
     def static_inputs(self) -> Mapping[str, Tensor]:
@@ -194,7 +213,8 @@ class GraphCaptureManager:
         sizes = {}
         for s, rec in sorted(self._records.items()):
             usage = c.usage(s)
-            sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows)
+            sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows,
+                                 rec.compile_s, rec.engine, rec.fallback)
         return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), captures=self._captures,
                             replays=c.replays, eager_fallbacks=c.eager_fallbacks, eager_runs=c.eager_runs,
                             debug_checks=c.debug_checks)
@@ -269,14 +289,22 @@ class GraphCaptureManager:
         self._captures += 1
         logger.debug("captured sizes %s with backend %s", self.captured_sizes, self._backend_name)
 
-    def _capture_one(self, backend: GraphBackend, size: int) -> tuple[CapturedGraph, CaptureRecord]:
-        """Capture one size and time it."""
+    def _capture_one(self, backend: GraphBackend, size: int, copies: bool = False
+                     ) -> tuple[CapturedGraph, CaptureRecord]:
+        """Capture one size and time it (``copies``: record over stand-ins of the static rows)."""
         with span("capture", size=size, backend=self._backend_name):
             start = time.perf_counter()
             with suppress_spans():  # spans in the step would not replay / would become graph ops
-                graph = backend.capture(size, self._flat_step, self._static.views(size))
+                if copies:
+                    graph = backend.capture(size, self._flat_step, self._static.views(size),
+                                            self._static.shadow_views(size))
+                else:
+                    graph = backend.capture(size, self._flat_step, self._static.views(size))
             elapsed = time.perf_counter() - start
-        return graph, CaptureRecord(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes)
+        return graph, CaptureRecord(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes,
+                                    compile_s=float(getattr(graph, "compile_s", 0.0)),
+                                    engine=str(getattr(graph, "engine", backend.name)),
+                                    fallback=getattr(graph, "fallback_reason", None))
 
     @staticmethod
     def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:
@@ -285,37 +313,123 @@ class GraphCaptureManager:
             graph.release()
         backend.release()
 
+    def begin(self) -> None:
+        """Start an incremental capture: every size becomes pending, `lookup` answers "not_ready"
+        for it until `capture_size` publishes its graph. Idempotent while started."""
+        with self._lock:
+            if self._started:
+                return
+            if self._captured:
+                raise RuntimeError("begin(): already captured; call release() first")
+            if self._backend_name == "eager":
+                self._captured = True
+                self._captures += 1
+                return
+            self._started = True
+            self._pending = set(self._sizes)
+            self._captured_ptrs = self._static.data_ptrs()
+
+    def capture_size(self, size: int) -> float:
+        """Capture one pending size and publish it (one dict assignment: a concurrent `lookup`
+        sees the whole graph or none); returns the seconds it took.
+
+        Backends that record over stand-ins (trace, compile) never touch the live static rows,
+        so this may run in another thread while steps replay other sizes; a CUDA capture must
+        run where no other kernels are launched (a step boundary). The first call warms the
+        step up at the largest size. On failure the size stays eager (``failed_sizes``,
+        "capture_failed") and GraphCaptureError (cause chained) propagates; the other sizes
+        are unaffected. A `release()` meanwhile discards the result."""
+        with self._lock:
+            if size not in self._pending:
+                raise ValueError(f"capture_size({size!r}): not pending (pending: {self.pending_sizes})")
+            epoch = self._epoch
+        start = time.perf_counter()
+        try:
+            backend = self._incremental_backend(epoch)
+            graph, record = self._capture_one(backend, size, copies=backend.records_on_copies)
+        except BaseException as exc:
+            with self._lock:
+                if self._epoch == epoch:
+                    self._pending.discard(size)
+                    self._failed[size] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, Exception) and not isinstance(exc, GraphCaptureError):
+                raise GraphCaptureError(f"capture failed at size {size}: {type(exc).__name__}: {exc}",
+                                        size=size) from exc
+            raise
+        with self._lock:
+            if self._epoch != epoch:  # released meanwhile
+                graph.release()
+                return time.perf_counter() - start
+            self._records[size] = record
+            self._graphs[size] = graph
+            self._pending.discard(size)
+            if not self._pending and not self._failed:
+                self._captured = True
+                self._captures += 1
+        return time.perf_counter() - start
+
+    def _incremental_backend(self, epoch: int) -> GraphBackend:
+        """The backend of this incremental capture, made and warmed up on first use."""
+        backend = self._backend
+        if backend is not None:
+            return backend
+        backend = make_backend(self._backend_name, self.max_size, self._static.device)
+        size = self.max_size
+        args = self._static.shadow_views(size) if backend.records_on_copies else self._static.views(size)
+        with span("warmup", size=size, backend=self._backend_name):
+            check_outputs(backend.warmup(self._warm_step, args), size)
+        with self._lock:
+            if self._epoch != epoch:
+                backend.release()
+                raise RuntimeError("the manager was released during its capture")
+            if self._backend is None:
+                self._backend = backend
+            return self._backend
+
     def release(self) -> None:
         """Free all graphs, static output buffers and the pool; capture() may run again; idempotent.
-        The run counters stay (they count what happened, not what is live)."""
-        if self._backend is not None:
-            self._discard(self._graphs, self._backend)
-        self._backend = None
-        self._graphs = {}
-        self._records = {}
-        self._plans = {}
-        self._captured_ptrs = {}
-        self._captured = False
+        The run counters stay (they count what happened, not what is live). An incremental
+        capture still running discards its graph instead of publishing it."""
+        with self._lock:
+            self._epoch += 1
+            if self._backend is not None:
+                self._discard(self._graphs, self._backend)
+            self._backend = None
+            self._graphs = {}
+            self._records = {}
+            self._plans = {}
+            self._captured_ptrs = {}
+            self._captured = False
+            self._started = False
+            self._pending = set()
+            self._failed = {}
 
     # ---- dispatch and run -----------------------------------------------------------------
 
     def lookup(self, b: int) -> ReplayPlan | None:
         """The one dispatch decision: the prepared plan that replays b rows (at the smallest
-        captured size >= b), or None when no graph serves b (the eager backend, or b above
-        the largest size): the caller then runs the step eagerly. RuntimeError before capture
-        (graph backends): replaying nothing is a bug, not a shape without a graph."""
+        capture size >= b), or None when no graph serves b, with the reason in ``last_miss``:
+        "eager_backend", "above_max" (b above the largest size), "not_ready" (its graph is
+        still queued) or "capture_failed"; the caller then runs the step eagerly.
+        RuntimeError before any capture (graph backends): replaying nothing is a bug, not a
+        shape without a graph."""
         plan = self._plans.get(b)
         if plan is not None:
             return plan
         if self._backend_name == "eager":
+            self.last_miss = "eager_backend"
             return None
-        if not self._captured:
+        if not (self._captured or self._started):
             raise RuntimeError(f"lookup(): backend {self._backend_name!r} has not captured yet; call capture() first")
         padded = padded_size(self._table, b)
         if padded is None:
+            self.last_miss = "above_max"
             return None
-        plan = ReplayPlan(self._static.plan(b, padded), self._graphs[padded], self._counters.usage(padded),
-                          self._single_output)
+        graph = self._graphs.get(padded)
+        if graph is None:  # incremental capture: not published (yet)
+            self.last_miss = "capture_failed" if padded in self._failed else "not_ready"
+            return None
+        plan = ReplayPlan(self._static.plan(b, padded), graph, self._counters.usage(padded), self._single_output)
         self._plans[b] = plan
         return plan
 

@@ -46,6 +46,7 @@ class GraphBackend(Protocol):
 
     name: str
     captures: bool
+    records_on_copies: bool  # capture() takes trace_args: it can record over stand-ins of the inputs
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` eagerly once at the largest size (side stream on CUDA)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
@@ -60,14 +61,19 @@ _profiler_enabled = _profiler_flag()
 class _Switch:
     """The profiling switch: NVTX on/off, the cached domain and the active recorders."""
 
-    __slots__ = ("active", "domain", "nvtx", "recorders", "suppressed")
+    __slots__ = ("active", "domain", "local", "nvtx", "recorders")
 
     def __init__(self) -> None:
         self.nvtx = False
         self.domain: Any = None
         self.recorders: list[list[SpanRecord]] = []
         self.active = False
-        self.suppressed = 0
+        self.local = threading.local()  # .suppressed: per thread (a background capture mutes only itself)
+
+    @property
+    def suppressed(self) -> int:
+        """Nesting depth of `suppress_spans` in the calling thread."""
+        return getattr(self.local, "suppressed", 0)
 
     def refresh(self) -> None:
         """Recompute the fast-path flag after a change."""
@@ -166,13 +172,15 @@ def span(name: str, **attrs: Any) -> contextlib.AbstractContextManager[Any]:
 
 @contextlib.contextmanager
 def suppress_spans() -> Iterator[None]:
-    """No spans inside: used around graph capture, where a range would not replay (cuda) or a
-    profiler range would be recorded into the graph as ops (trace). Nests."""
-    _SWITCH.suppressed += 1
+    """No spans inside, in the calling thread: used around graph capture, where a range would not
+    replay (cuda) or a profiler range would be recorded into the graph as ops (trace). Nests.
+    Other threads keep their spans (a capture in the background does not mute serving)."""
+    local = _SWITCH.local
+    local.suppressed = getattr(local, "suppressed", 0) + 1
     try:
         yield
     finally:
-        _SWITCH.suppressed -= 1
+        local.suppressed -= 1
 
 
 @contextlib.contextmanager

@@ -90,6 +90,18 @@ class StaticInputs:
         """The first ``size`` rows of each static input, in name order."""
         return tuple(self.tensors[n][:size] for n in self.names)
 
+    def shadow_views(self, size: int) -> tuple[Tensor, ...]:
+        """Pad-filled stand-ins for `views(size)` (new tensors, same shapes, strides and dtypes):
+        recording a step over them never reads or writes the live rows, so a capture can run
+        beside serving and the recorded graph then replays over `views(size)`."""
+        out = []
+        for n in self.names:
+            base = self.tensors[n]
+            twin = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+            twin.fill_(self.pads[n])
+            out.append(twin[:size])
+        return tuple(out)
+
     def clones(self, size: int) -> dict[str, Tensor]:
         """Copies of the first ``size`` rows of each static input."""
         return {n: self.tensors[n][:size].clone() for n in self.names}

@@ -18,7 +18,9 @@ __all__ = ["CaptureRecord", "ManagerStats", "ReplayCounters", "SizeStats", "Size
 
 @dataclass(frozen=True)
 class SizeStats:
-    """One captured size: capture seconds and bytes, graph nodes (None if unknown), replays, pad rows."""
+    """One captured size: capture seconds (compile included) and bytes, graph nodes (None if
+    unknown), replays, pad rows; compile seconds, the replay engine ("fx", "inductor", "cuda",
+    ...) and why a compiled replay was not used (None when it was, or none was tried)."""
 
     size: int
     capture_s: float
@@ -26,6 +28,9 @@ class SizeStats:
     nodes: int | None
     replays: int
     pad_rows: int
+    compile_s: float = 0.0
+    engine: str = ""
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class ManagerStats:
     eager_runs: int = 0
     debug_checks: int = 0
 
+    @property
+    def compile_fallbacks(self) -> int:
+        """Captured sizes that kept the FX replay because compiling failed or disagreed."""
+        return sum(1 for v in self.sizes.values() if v.fallback is not None)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (size keys become strings)."""
         return {
@@ -51,16 +61,21 @@ class ManagerStats:
             "eager_fallbacks": self.eager_fallbacks,
             "eager_runs": self.eager_runs,
             "debug_checks": self.debug_checks,
+            "compile_fallbacks": self.compile_fallbacks,
         }
 
 
 @dataclass(frozen=True)
 class CaptureRecord:
-    """What capturing one size cost: seconds, pool bytes, kernel-launching nodes (None if unknown)."""
+    """What capturing one size cost: seconds, pool bytes, kernel-launching nodes (None if unknown),
+    compile seconds, the replay engine and a compile fallback's reason."""
 
     capture_s: float
     capture_bytes: int
     nodes: int | None
+    compile_s: float = 0.0
+    engine: str = ""
+    fallback: str | None = None
 
 
 class SizeUsage:

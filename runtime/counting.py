@@ -53,7 +53,7 @@ class CounterLedger:
         r = self._retired
         out = DraftCounters(r.fast_path_hits, r.tree_path_calls, r.capacity_fallbacks, r.graph_replays,
                             r.eager_steps, r.graph_eager_fallbacks, self.events.rebuilds,
-                            self.events.switches, reloads, failed_reloads)
+                            self.events.switches, reloads, failed_reloads, dict(r.eager_steps_by_reason))
         for state in list(self._live):
             out.add_steps(state.counts, state.replays)
         return out

@@ -89,11 +89,12 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             if plan is not None:
                 out = graphs.replay(plan, {"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
                 return DraftResult(*out)
-            state.counts.eager_steps += 1
+            reason = graphs.last_miss if graphs is not None else "no_graphs"
+            reasons = state.counts.eager_reasons
+            reasons[reason] = reasons.get(reason, 0) + 1
             if graphs is None:
                 return self.draft_step(state, topk_p, topk_index, hidden)
-            state.counts.eager_fallbacks += 1
-            with span("eager_fallback", bs=b):
+            with span("eager_fallback", bs=b, reason=reason):
                 return self.draft_step(state, topk_p, topk_index, hidden)
 
     def _check_input(self, state: RuntimeState, topk_index: torch.Tensor,

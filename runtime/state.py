@@ -21,7 +21,7 @@ from draftgraph.graphs import ReplayCounters
 from .config import SpeculativeConfig
 from .topology import TopologyBuffers
 
-__all__ = ["DraftCounters", "RuntimeState", "StateStats", "StepCounts"]
+__all__ = ["DraftCounters", "EAGER_REASONS", "RuntimeState", "StateStats", "StepCounts"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ class DraftCounters:
     switches: int = 0
     reloads: int = 0
     failed_reloads: int = 0
+    eager_steps_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return asdict(self)
 
@@ -73,24 +74,38 @@ class DraftCounters:
         self.capacity_fallbacks += counts.capacity_fallbacks
         self.graph_replays += graph
         self.eager_steps += counts.eager_steps
-        self.graph_eager_fallbacks += counts.eager_fallbacks
+        self.graph_eager_fallbacks += counts.eager_reasons.get("above_max", 0)
+        by_reason = self.eager_steps_by_reason
+        for reason, n in counts.eager_reasons.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+
+
+EAGER_REASONS = ("no_graphs", "above_max", "not_ready", "capture_failed", "eager_backend")
+"""Why a step ran eagerly: the state has no graphs (an eager engine, no capture sizes, a stale
+spec), b is above the largest capture size, its size's graph is still queued, its capture
+failed, or the manager's backend is eager."""
 
 
 class StepCounts:
     """What the steps a state ran eagerly did: the one count of each (graph replays are
-    counted by the graph manager). ``static_capacity`` is the rows of the state's topology
-    buffers (0 without), which tells which replays returned fast-path views."""
+    counted by the graph manager). ``eager_reasons`` counts eager steps by reason (see
+    `EAGER_REASONS`); ``static_capacity`` is the rows of the state's topology buffers (0
+    without), which tells which replays returned fast-path views."""
 
-    __slots__ = ("capacity_fallbacks", "eager_fallbacks", "eager_steps", "fast_path_hits",
-                 "static_capacity", "tree_path_calls")
+    __slots__ = ("capacity_fallbacks", "eager_reasons", "fast_path_hits", "static_capacity",
+                 "tree_path_calls")
 
     def __init__(self) -> None:
-        self.eager_steps = 0
-        self.eager_fallbacks = 0  # eager steps of a state with graphs: b above the largest size
+        self.eager_reasons: dict[str, int] = {}
         self.fast_path_hits = 0
         self.tree_path_calls = 0
         self.capacity_fallbacks = 0
         self.static_capacity = 0
+
+    @property
+    def eager_steps(self) -> int:
+        """Steps this state ran eagerly, whatever the reason."""
+        return sum(self.eager_reasons.values())
 
 
 class RuntimeState:
@@ -112,7 +127,8 @@ class RuntimeState:
         self.topology_buffers = topology_buffers
         self.graphs: Any = None
         self.graph_spec: SpeculativeConfig | None = None
-        self.capture_s = 0.0
+        self.capture_s = 0.0  # seconds spent capturing (compiling included), blocking or queued
+        self.compile_s = 0.0  # of which compiling (compile backend)
         self.capture_bytes = 0
         self.nodes: dict[int, int | None] = {}
         self.owner = owner

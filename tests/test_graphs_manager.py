@@ -217,7 +217,7 @@ def test_run_before_capture_raises() -> None:
         ({"capture_sizes": []}, ValueError, "empty"),
         ({"pad_values": {"nope": 1}}, ValueError, "nope"),
         ({"pad_values": {"x": "1"}}, TypeError, r"pad_values\['x'\]"),
-        ({"backend": "tpu"}, ValueError, "cuda, trace, eager"),
+        ({"backend": "tpu"}, ValueError, "cuda, compile, trace, eager"),
         ({"step": 3}, TypeError, "callable"),
         ({"debug_every": 0}, ValueError, "debug_every"),
     ],
@@ -234,7 +234,7 @@ def test_resolve_backend() -> None:
     assert resolve_backend("auto") == expected
     assert resolve_backend("auto", device="cpu") == "trace"
     assert resolve_backend("trace") == "trace" and resolve_backend("eager") == "eager"
-    with pytest.raises(ValueError, match="auto, cuda, trace, eager"):
+    with pytest.raises(ValueError, match="auto, cuda, compile, trace, eager"):
         resolve_backend("graph")
     with pytest.raises(TypeError):
         resolve_backend(None)  # type: ignore[arg-type]

@@ -129,7 +129,7 @@ def test_spans_emitted_by_worker():
     replay_attrs = dict(spans[names.index("replay")][1])
     assert replay_attrs["bs"] == 3 and replay_attrs["padded"] == 4
     assert "organize_fast" in names  # the eager step above the largest size, within capacity
-    assert dict(spans[names.index("eager_fallback")][1]) == {"bs": 20}
+    assert dict(spans[names.index("eager_fallback")][1]) == {"bs": 20, "reason": "above_max"}
     with record_spans() as spans:
         w.rebuild_chain_buffers()
     assert [n for n, _ in spans] == ["rebuild"]
