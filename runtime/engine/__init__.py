@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .engine import MAX_VERIFY_WIDTH, SpecDecodeEngine
-from .requests import Request
+from .requests import Request, RequestFailed
 from .verify import Acceptance, accept_greedy, verify_mask
 
-__all__ = ["Acceptance", "MAX_VERIFY_WIDTH", "Request", "SpecDecodeEngine", "accept_greedy",
-           "verify_mask"]
+__all__ = ["Acceptance", "MAX_VERIFY_WIDTH", "Request", "RequestFailed", "SpecDecodeEngine",
+           "accept_greedy", "verify_mask"]

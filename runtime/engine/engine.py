@@ -4,6 +4,12 @@ One `step()` (DESIGN.md §7): admit waiting requests (prefill + draft extend); d
 draftgraph worker; `build_tree`; one target forward over every request's tree (tree mask);
 greedy acceptance; commit the accepted K/V; draft extend over the committed tokens. Every
 emitted token is the target's greedy choice, so the output equals `greedy_generate`'s.
+
+Long-running use: a caller takes each result with `pop_result` (the engine then forgets the
+request; a finished request keeps its tokens only, no tensors), `abort_request` stops a request
+at the next step boundary, and a failure while admitting one request (its prefill) fails that
+request alone (`RequestFailed`), returning its slot. A fault inside the batched step raises
+from `step` with nothing half-committed; the next step serves the same requests.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from ..models.eagle_head import EagleDraftHead
 from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
-from .requests import Request
+from .requests import Request, RequestFailed
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
 
@@ -71,7 +77,10 @@ class SpecDecodeEngine:
         self._next_id = 0
         self._waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._finished: dict[int, Request] = {}
+        self._live: dict[int, Request] = {}  # waiting or running, by id
+        self._finished: dict[int, Request] = {}  # ended, not yet taken by pop_result
+        self._just_finished: list[int] = []  # ids that ended in the current step
+        self._aborts: set[int] = set()  # applied at the next step boundary
         self._free = list(range(self.max_slots, 0, -1))
         self._pending: tuple[RuntimeArgs, str] | None = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
@@ -155,7 +164,9 @@ class SpecDecodeEngine:
                              f"{MAX_VERIFY_WIDTH} positions of max_len={limit} for the verify tree")
         rid = self._next_id
         self._next_id += 1
-        self._waiting.append(Request(rid, ids, max_new_tokens))
+        req = Request(rid, ids, max_new_tokens)
+        self._live[rid] = req
+        self._waiting.append(req)
         return rid
 
     @property
@@ -167,40 +178,129 @@ class SpecDecodeEngine:
         return bool(self._waiting or self.running)
 
     def result(self, rid: int) -> list[int]:
-        """Tokens generated so far for ``rid`` (finished or running)."""
+        """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
+        RequestFailed for a failed request, KeyError for an unknown or taken id."""
+        req = self._finished.get(rid)
+        if req is None:
+            req = self._live.get(rid)
+            if req is None:
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        self._raise_failed(req)
+        return list(req.output)
+
+    def pop_result(self, rid: int) -> list[int] | None:
+        """Take the tokens of ended request ``rid`` (finished, or aborted: its tokens so far);
+        the engine then forgets it. None while it is waiting or running. RequestFailed (the
+        cause chained) for a failed request, which is then forgotten too; KeyError for an
+        unknown id or one already taken."""
+        req = self._finished.pop(rid, None)
+        if req is None:
+            if rid in self._live:
+                return None
+            raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        self._raise_failed(req)
+        return req.output
+
+    def abort_request(self, rid: int) -> bool:
+        """Stop request ``rid`` at the next step boundary: a waiting one is never admitted, a
+        running one frees its slot (and K/V rows); its tokens so far stay for `pop_result`.
+        True when it was waiting or running, False when it had already ended; KeyError for an
+        unknown or taken id. Safe from another thread (one set insertion)."""
         if rid in self._finished:
-            return list(self._finished[rid].output)
-        for r in (*self.running, *self._waiting):
-            if r.rid == rid:
-                return list(r.output)
-        raise KeyError(f"request id {rid!r}: unknown")
+            return False
+        if rid not in self._live:
+            raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        self._aborts.add(rid)
+        return True
+
+    @staticmethod
+    def _raise_failed(req: Request) -> None:
+        if req.error is not None:
+            err = req.error
+            raise RequestFailed(req.rid, f"request id {req.rid}: failed while admitting it "
+                                         f"({type(err).__name__}: {err})") from err
+
+    def _apply_aborts(self) -> None:
+        """End the requests `abort_request` asked for (at a step boundary)."""
+        aborts, self._aborts = self._aborts, set()
+        for rid in aborts:
+            req = self._live.get(rid)
+            if req is None:  # ended meanwhile
+                continue
+            if req.slot < 0:
+                self._waiting.remove(req)
+            else:
+                self.running.remove(req)
+            req.aborted = req.done = True
+            self._stats.requests_aborted += 1
+            self._end(req)
 
     @torch.no_grad()
     def _admit(self) -> None:
+        """Prefill waiting requests into free slots. A failure of one request's prefill (target
+        or drafter) returns its slot and fails that request alone; an interrupt (a
+        BaseException that is not an Exception) puts the request back at the head of the
+        queue, its slot freed, and propagates."""
         while self._waiting and self._free:
             req = self._waiting.popleft()
             req.slot = self._free.pop()
-            logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
-            req.seq_len = len(req.prompt)
-            req.bonus = int(logits[-1].argmax())
-            req.emit([req.bonus], self.eos_id)
+            try:
+                logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
+                req.seq_len = len(req.prompt)
+                req.bonus = int(logits[-1].argmax())
+                req.emit([req.bonus], self.eos_id)
+                if not req.done:
+                    self.drafter.prefill(req, hidden)
+            except BaseException as exc:
+                self._free.append(req.slot)
+                req.slot, req.seq_len, req.bonus, req.done = -1, 0, -1, False
+                req.output.clear()
+                req.release()
+                if not isinstance(exc, Exception):
+                    self._waiting.appendleft(req)
+                    raise
+                self._fail(req, exc)
+                continue
             self._stats.tokens_generated += len(req.output)
             if req.done:
                 self._finish(req)
-                continue
-            self.drafter.prefill(req, hidden)
-            self.running.append(req)
+            else:
+                self.running.append(req)
+
+    def _fail(self, req: Request, exc: Exception) -> None:
+        """Mark ``req`` failed by ``exc`` (logged with its traceback, then kept without it)."""
+        logger.error("request %d failed while admitting it; the engine serves the others",
+                     req.rid, exc_info=exc)
+        cause: BaseException | None = exc
+        while cause is not None:  # the tracebacks hold the failing frames and their tensors
+            cause.__traceback__ = None
+            cause = cause.__cause__ or cause.__context__
+        req.error = exc
+        req.done = True
+        self._stats.requests_failed += 1
+        self._end(req)
 
     def _finish(self, req: Request) -> None:
-        self._free.append(req.slot)
-        self._finished[req.rid] = req
         self._stats.requests_finished += 1
+        self._end(req)
+
+    def _end(self, req: Request) -> None:
+        """Move an ended request from live to finished: its slot freed, its tensors dropped."""
+        if req.slot >= 0:
+            self._free.append(req.slot)
+        req.slot = -1
+        req.release()
+        self._live.pop(req.rid, None)
+        self._finished[req.rid] = req
+        self._just_finished.append(req.rid)
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[int]:
-        """One engine step; returns the ids of requests that finished in it."""
+        """One engine step; returns the ids of requests that ended in it (finished, aborted or
+        failed: take them with `pop_result`)."""
         st = self._stats
+        self._just_finished = []
         if self._pending is not None:
             self._apply_reload()
         if self.coordinator is not None:
@@ -211,12 +311,13 @@ class SpecDecodeEngine:
                 if self.controller is not None:
                     self.controller.release()
                 self.controller = self._new_controller()
-        before = set(self._finished)
+        if self._aborts:
+            self._apply_aborts()
         with st.timed("admit"):
             self._admit()
         reqs = self.running
         if not reqs:
-            return sorted(set(self._finished) - before)
+            return sorted(self._just_finished)
         st.steps += 1
         spec = self.worker.spec
         b, n = len(reqs), spec.num_draft_tokens
@@ -251,7 +352,7 @@ class SpecDecodeEngine:
         if self.controller is not None:
             with st.timed("adapt"):
                 self.controller.step(sum(len(p) - 1 for p in acc.paths) / b)
-        return sorted(set(self._finished) - before)
+        return sorted(self._just_finished)
 
     def _commit(self, reqs: list[Request], acc: Any) -> None:
         """Move accepted K/V to consecutive positions, advance seq_len, emit tokens."""
@@ -277,11 +378,22 @@ class SpecDecodeEngine:
                             torch.tensor(dst, device=dev))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """Generate for every prompt (continuous batching); outputs in prompt order."""
+        """Generate for every prompt (continuous batching); outputs in prompt order, each taken
+        with `pop_result` (the engine keeps none). RequestFailed (the first) after all are
+        taken when a request failed."""
         ids = [self.add_request(p, max_new_tokens) for p in prompts]
         while self.has_work():
             self.step()
-        return [self.result(i) for i in ids]
+        outs: list[list[int]] = []
+        failed: RequestFailed | None = None
+        for i in ids:
+            try:
+                outs.append(self.pop_result(i))
+            except RequestFailed as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return outs
 
     # ---- report --------------------------------------------------------------------------------
     def reset_stats(self) -> None:

@@ -1,4 +1,5 @@
-"""Request bookkeeping of the engine: what each running request holds between steps."""
+"""Request bookkeeping of the engine: what each running request holds between steps, and how a
+request ends (finished, aborted or failed)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Request"]
+__all__ = ["Request", "RequestFailed"]
+
+
+class RequestFailed(RuntimeError):
+    """A request failed (its admission raised): raised by `SpecDecodeEngine.result` and
+    `pop_result` for it, with the original exception chained as ``__cause__``."""
+
+    def __init__(self, rid: int, message: str) -> None:
+        super().__init__(message)
+        self.rid = rid
 
 
 @dataclass
@@ -18,6 +28,8 @@ class Request:
     for the next step: ``draft_p`` / ``draft_ids`` (the draft's top candidates for the token after
     the bonus, widest kept so a reload to another topk can use them) and ``feature`` (EAGLE:
     the draft's feature at the bonus position; multi-layer: the target's hidden state there).
+    A request that ended (``done``) holds no tensors (`release`); ``aborted`` / ``error`` say
+    how it ended when it did not finish normally.
     """
 
     rid: int
@@ -33,6 +45,12 @@ class Request:
     verify_steps: int = 0
     accepted: int = 0  # tokens committed over all verify steps, bonus included
     done: bool = False
+    aborted: bool = False
+    error: BaseException | None = None  # why it failed (traceback dropped: it holds frames)
+
+    def release(self) -> None:
+        """Drop the draft tensors (a finished request keeps its tokens only)."""
+        self.draft_p = self.draft_ids = self.feature = None
 
     def emit(self, tokens: list[int], eos_id: int | None) -> None:
         """Append generated tokens, stopping at max_new_tokens or after EOS."""

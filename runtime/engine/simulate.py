@@ -22,6 +22,7 @@ from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from .engine import SpecDecodeEngine
 from .profiling import profiled
+from .requests import RequestFailed
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -81,6 +82,16 @@ def _reload_from(engine: SpecDecodeEngine, path: str, why: str) -> None:
               file=sys.stderr)
 
 
+def _take(engine: SpecDecodeEngine, rid: int) -> list[int]:
+    """The tokens of request ``rid``: taken when it ended (a failed one: none), else so far."""
+    try:
+        out = engine.pop_result(rid)
+    except RequestFailed as exc:
+        logger.error("%s", exc)
+        return []
+    return engine.result(rid) if out is None else out
+
+
 def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                    rank: int | None = None, world_size: int = 1) -> dict[str, Any]:
     """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
@@ -109,6 +120,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         from tqdm import tqdm
         bar = tqdm(total=sum(max_new), desc="draftgraph simulate", unit="tok", file=sys.stderr)
     ids: list[int] = []
+    taken: dict[int, list[int]] = {}  # results taken as requests end: the engine keeps none
     nxt, step = 0, 0
     rss1 = _rss_mib()
     start = time.perf_counter()
@@ -122,7 +134,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                         rank is None or rank == world_size - 1):
                     _reload_from(engine, cfg.reload_config, f"--reload-at {step}")
                 before = engine.tokens_generated
-                engine.step()
+                for rid in engine.step():
+                    taken[rid] = _take(engine, rid)
                 if bar is not None:
                     bar.update(engine.tokens_generated - before)
                 step += 1
@@ -133,10 +146,11 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         if old is not None:
             _signal.signal(sighup, old)
     rss_loop = _rss_mib() - rss1
-    outs = [engine.result(i) for i in ids]
+    outs = [taken[i] if i in taken else _take(engine, i) for i in ids]
     st = engine.stats()
     report: dict[str, Any] = {
-        "requests": len(ids), "loop_steps": step, "requested_tokens": sum(max_new[:len(ids)]),
+        "requests": len(ids), "requests_failed": st["requests_failed"], "loop_steps": step,
+        "requested_tokens": sum(max_new[:len(ids)]),
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],

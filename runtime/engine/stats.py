@@ -22,6 +22,8 @@ class EngineStats:
     committed: int = 0  # tokens committed by verifies (accepted drafts + bonus)
     tokens_generated: int = 0
     requests_finished: int = 0
+    requests_aborted: int = 0  # ended by abort_request
+    requests_failed: int = 0  # failed while admitted (their prefill raised)
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     reloads: list[dict] = field(default_factory=list)
