@@ -23,6 +23,7 @@ compiles from cache.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import os
 import shutil
@@ -50,11 +51,10 @@ def compiler_available() -> bool:
     candidates = [os.environ.get("CXX", "")] + ["g++", "c++", "clang++"]
     if not any(c and shutil.which(c) for c in candidates):
         return False
-    try:
-        import torch._inductor.compile_fx  # noqa: F401
-    except Exception:  # an unusual torch build: no inductor
+    try:  # look without importing: inductor takes seconds to import
+        return importlib.util.find_spec("torch._inductor.compile_fx") is not None
+    except (ImportError, ValueError):  # an unusual torch build: no inductor
         return False
-    return True
 
 
 def inductor_cache_dir() -> Path:

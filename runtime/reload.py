@@ -47,6 +47,19 @@ class PreparedReload:
     generation: int  # the worker's generation it was prepared against
     start: float  # perf_counter at the start of the prepare
 
+    @property
+    def ready(self) -> bool:
+        """True when no capture unit of the new state is pending (always, unless prepared with
+        ``background=True``)."""
+        graphs = self.state.graphs
+        return graphs is None or not graphs.pending_sizes
+
+    @property
+    def failed_sizes(self) -> dict[int, str]:
+        """Sizes whose queued capture failed (they would serve eager)."""
+        graphs = self.state.graphs
+        return graphs.failed_sizes if graphs is not None else {}
+
 
 class ReloadLog:
     """Reload outcomes of one worker: counts for its whole life and the latest records (bounded,
@@ -95,9 +108,10 @@ class ReloadMixin:
     def _check_args(self, args: RuntimeArgs) -> None:
         """Subclass hook: reject args this worker cannot serve."""
 
-    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None) -> Any:
+    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None,
+                     background: bool = False) -> Any:
         """Host hook: a complete state for ``args`` at ``generation``, captured with ``backend``
-        (None: no graphs); raises when building or capturing fails."""
+        (None: no graphs; ``background``: queued); raises when building or capturing fails."""
         raise NotImplementedError
 
     def reload(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None) -> None:
@@ -115,13 +129,15 @@ class ReloadMixin:
             self._commit(self._prepare(new_args, policy, backend))
 
     def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
-                       backend: str | None = None) -> PreparedReload:
+                       backend: str | None = None, *, background: bool = False) -> PreparedReload:
         """Phase one of a two-phase reload (several ranks): build and capture the new state
         aside; the active state keeps serving (``release_first`` releases its graphs first).
-        Raises ReloadError like `reload`. Finish with `commit_reload` or `discard_reload`."""
+        ``background=True`` queues the capture instead (`capture_graphs`): commit when
+        `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit_reload`
+        or `discard_reload`."""
         self._check_reload(new_args, policy)
         with self.slot.lock, span("reload_prepare", policy=policy):
-            return self._prepare(new_args, policy, backend)
+            return self._prepare(new_args, policy, backend, background)
 
     def commit_reload(self, prepared: PreparedReload) -> None:
         """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
@@ -136,7 +152,8 @@ class ReloadMixin:
             prepared.state.release()
             self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
 
-    def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None) -> PreparedReload:
+    def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None,
+                 background: bool = False) -> PreparedReload:
         """Build (and capture) the new state; the caller holds the lock and checked the args."""
         old = self.slot.active
         if backend is None and old.graphs is not None:
@@ -149,7 +166,7 @@ class ReloadMixin:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         try:
-            new = self._build_state(new_args, generation + 1, backend)
+            new = self._build_state(new_args, generation + 1, backend, background)
         except Exception as exc:
             self.reload_log.record(policy, start, ok=False, error=repr(exc))
             serving = "the old state keeps serving" + (

@@ -18,6 +18,7 @@ import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
 
+from .capture_queue import CaptureQueue
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
 from .reload import ReloadLog, ReloadMixin
@@ -58,6 +59,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         self.reload_log = ReloadLog()
         self._check_args(args)
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
+        self.capture_queue = CaptureQueue(lambda: self.slot.active)
 
     # ---- configuration views -------------------------------------------------------------
     @property
@@ -163,12 +165,16 @@ class EagleDraftWorkerBase(ReloadMixin):
         self._ledger.track(state)
         return state
 
-    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None) -> RuntimeState:
+    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None,
+                     background: bool = False) -> RuntimeState:
         """`ReloadMixin`'s hook: the state for ``args`` at ``generation``, captured when ``backend``
-        is given."""
+        is given (``background``: queued, see `capture_graphs`)."""
         state = self._new_state(args.speculative, None, args=args, generation=generation)
         if backend is not None:
-            self._capture_into(state, backend)
+            if background:
+                self._queue_capture(state, backend)
+            else:
+                self._capture_into(state, backend)
         return state
 
     @staticmethod
@@ -217,10 +223,61 @@ class EagleDraftWorkerBase(ReloadMixin):
         state.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
         return state
 
-    def capture_graphs(self, backend: str = "auto") -> RuntimeState:
-        """Capture the active state's draft step, one graph per capture size; later steps replay."""
+    def _queue_capture(self, state: RuntimeState, backend: str) -> RuntimeState:
+        """Give ``state`` a manager whose sizes are captured later, one unit at a time (see
+        `runtime.capture_queue`); until a size is ready its steps run eager ("not_ready")."""
+        if not state.capture_sizes or not self.captures_graphs:
+            return state
+        graph_step = self._graph_step(state, max(state.capture_sizes))
+        manager = GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
+                                      backend=backend, pad_values=graph_step.pad_values,
+                                      counters=state.replays)
+        manager.begin()
+        old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
+        if old is not None:
+            old.release()
+        if manager.pending_sizes:
+            self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda")
+        return state
+
+    def capture_graphs(self, backend: str = "auto", background: bool = False) -> RuntimeState:
+        """Capture the active state's draft step, one graph per capture size; later steps replay.
+
+        ``background=True`` queues the sizes instead (capture off the serving path): trace and
+        compile units run in a background thread, CUDA units at step boundaries through
+        `capture_pending`; a step whose size is not ready yet runs eager. See `graphs_ready`,
+        `wait_graphs`."""
         with self.slot.lock:
+            if background:
+                return self._queue_capture(self.slot.active, backend)
             return self._capture_into(self.slot.active, backend)
+
+    def graphs_ready(self) -> bool:
+        """True when no queued capture unit is pending."""
+        return self.capture_queue.pending() == 0
+
+    def wait_graphs(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued unit is done (running step-boundary units here, under the
+        worker's lock); False when ``timeout_s`` passed first."""
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        queue = self.capture_queue
+        while queue.pending():
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0:
+                return False
+            if queue.threaded:
+                queue.wait(left)
+            else:
+                with self.slot.lock:
+                    queue.run_one()
+        return True
+
+    def capture_pending(self, budget_s: float) -> int:
+        """Run queued units in this thread, under the worker's lock, until ``budget_s`` is spent
+        (at least one when any is pending): the step-boundary capture a CUDA engine calls
+        between steps. Returns how many ran."""
+        with self.slot.lock:
+            return self.capture_queue.run_for(budget_s)
 
     # ---- overrides and states --------------------------------------------------------------
     @contextmanager
@@ -247,15 +304,18 @@ class EagleDraftWorkerBase(ReloadMixin):
     def build_runtime_state(self, num_steps: int, num_draft_tokens: int | None = None,
                             capture_bs: Sequence[int] | None = None,
                             backend: str = "auto", *, topk: int | None = None,
-                            tree_choices: Any = None) -> RuntimeState:
+                            tree_choices: Any = None, background: bool = False) -> RuntimeState:
         """Build and capture a state for (S, N) (``topk`` / ``tree_choices`` as in the override)
         without disturbing the active one.
 
         Equivalent to capturing inside an override, except that the active state is never
-        swapped, so a lock-free reader (the multi-layer fast path) cannot see the new state."""
+        swapped, so a lock-free reader (the multi-layer fast path) cannot see the new state.
+        ``background=True`` queues its capture after the active state's (see `capture_graphs`)."""
         spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
         with self.slot.lock:
             state = self._new_state(spec, capture_bs)
+            if background:
+                return self._queue_capture(state, backend)
             return self._capture_into(state, backend)
 
     def apply_runtime_state(self, state: RuntimeState) -> None:

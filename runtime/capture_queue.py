@@ -1,0 +1,193 @@
+"""Capture off the serving path: (state, size) units, ordered by what serving needs next.
+
+A worker that captures in the background queues one unit per capture size of each state
+(`GraphCaptureManager.begin`) and serves eagerly, reason "not_ready", every step whose padded
+size has no graph yet; each unit publishes its graph atomically when done
+(`GraphCaptureManager.capture_size`). Order: the active state's units first, then the other
+states' in the order they were queued; within a state the sizes that served the most recent
+batches first (counted by padded size), the smallest first before any batch was seen.
+
+Where units run depends on the backend. Trace and compile record over stand-ins of the static
+rows, so a background thread may run them beside serving. A CUDA capture must not overlap
+kernels that other threads launch, so CUDA units run at step boundaries: the engine calls
+`run_for(budget_s)` between steps, holding the worker's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from draftgraph.graphs import GraphCaptureError
+
+from .state import RuntimeState
+
+__all__ = ["CaptureQueue"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Entry:
+    """One queued state: its manager and the order it was queued in."""
+
+    __slots__ = ("manager", "order", "state")
+
+    def __init__(self, state: RuntimeState, manager: Any, order: int) -> None:
+        self.state = state
+        self.manager = manager
+        self.order = order
+
+
+class CaptureQueue:
+    """Pending capture units of one worker. ``active`` returns the state serving now."""
+
+    def __init__(self, active: Callable[[], RuntimeState]) -> None:
+        self._active = active
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._entries: list[_Entry] = []
+        self._order = 0
+        self._seen: dict[int, int] = {}  # batch size -> steps (recent ones; halved when large)
+        self._running = 0  # units being captured now
+        self._taken: set[tuple[int, int]] = set()  # (id(manager), size) being captured now
+        self._thread: threading.Thread | None = None
+        self.threaded = False  # a background thread runs the units (trace, compile)
+        self.units_run = 0
+        self.units_failed = 0
+        self.idle_since: float | None = time.perf_counter()  # None while units are pending
+
+    # ---- queueing ----------------------------------------------------------------------------
+    def add(self, state: RuntimeState, manager: Any, background_thread: bool) -> None:
+        """Queue every pending size of ``manager`` (``state``'s graphs); with
+        ``background_thread`` start (or keep) the thread that runs them."""
+        with self._lock:
+            self._entries.append(_Entry(state, manager, self._order))
+            self._order += 1
+            self.idle_since = None
+            self.threaded = self.threaded or background_thread
+        if background_thread:
+            self._ensure_thread()
+
+    def note_batch(self, b: int) -> None:
+        """Count a served batch size (for the order of the next units)."""
+        seen = self._seen
+        n = seen.get(b, 0) + 1
+        seen[b] = n
+        if n > 1 << 16:  # keep it recent and bounded
+            self._seen = {k: v // 2 for k, v in seen.items() if v > 1}
+
+    def pending(self) -> int:
+        """Units not captured yet (including any being captured now)."""
+        with self._lock:
+            self._prune()
+            return sum(len(e.manager.pending_sizes) for e in self._entries)
+
+    def pending_for(self, state: RuntimeState) -> tuple[int, ...]:
+        """Sizes of ``state`` still pending."""
+        graphs = state.graphs
+        return tuple(graphs.pending_sizes) if graphs is not None else ()
+
+    # ---- running -----------------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Drop entries with nothing pending (done, or released: release clears the pending)."""
+        live = [e for e in self._entries if e.manager.pending_sizes]
+        if len(live) != len(self._entries):
+            self._entries = live
+        if not live and self._running == 0 and self.idle_since is None:
+            self.idle_since = time.perf_counter()
+            self._done.notify_all()
+
+    def _pick(self) -> tuple[_Entry, int] | None:
+        """The next unit (see the module docstring), or None; the caller holds the lock."""
+        self._prune()
+        active = self._active()
+        for entry in sorted(self._entries, key=lambda e: (e.state is not active, e.order)):
+            manager = entry.manager
+            sizes = [s for s in manager.pending_sizes if (id(manager), s) not in self._taken]
+            if not sizes:
+                continue
+            load: dict[int, int] = {}
+            for b, n in self._seen.items():
+                p = manager.padded_size(b)
+                if p is not None:
+                    load[p] = load.get(p, 0) + n
+            size = min(sizes, key=lambda s: (-load.get(s, 0), s))
+            self._taken.add((id(manager), size))
+            return entry, size
+        return None
+
+    def run_one(self) -> bool:
+        """Capture the next unit in the calling thread; False when none is pending."""
+        with self._lock:
+            picked = self._pick()
+            if picked is None:
+                return False
+            entry, size = picked
+            self._running += 1
+        state = entry.state
+        try:
+            seconds = entry.manager.capture_size(size)
+            record = entry.manager.stats.sizes.get(size)
+            state.capture_s += seconds
+            state.compile_s += record.compile_s if record is not None else 0.0
+            self.units_run += 1
+        except (GraphCaptureError, ValueError) as exc:
+            self.units_failed += 1
+            logger.warning("background capture of %r at size %d failed; that size serves eager: %s",
+                           state, size, exc)
+        except Exception as exc:  # released meanwhile, or anything else: never kill the thread
+            self.units_failed += 1
+            logger.warning("background capture of %r at size %d stopped: %s", state, size, exc)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._taken.discard((id(entry.manager), size))
+                self._prune()
+        return True
+
+    def run_for(self, budget_s: float) -> int:
+        """Run units in the calling thread until ``budget_s`` is spent (at least one when any is
+        pending); returns how many ran."""
+        start = time.perf_counter()
+        n = 0
+        while self.run_one():
+            n += 1
+            if time.perf_counter() - start >= budget_s:
+                break
+        return n
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until nothing is pending (True) or ``timeout_s`` passes (False)."""
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        with self._lock:
+            while True:
+                self._prune()
+                if not self._entries and self._running == 0:
+                    return True
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    return False
+                self._done.wait(timeout=0.05 if left is None else min(left, 0.05))
+
+    # ---- the background thread ---------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._work, name="draftgraph-capture", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        """Run units until none is pending; a later `add` starts a new thread."""
+        while True:
+            if self.run_one():
+                continue
+            with self._lock:
+                self._prune()
+                if not self._entries:
+                    self._thread = None
+                    return
+            time.sleep(0.01)  # every pending unit is being captured by another caller
