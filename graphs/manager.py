@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
+import torch
 from torch import Tensor
 
 from .backends import make_backend, resolve_backend
@@ -454,8 +455,10 @@ class GraphCaptureManager:
         ``squeeze_``, ``set_``); ``clone=True`` returns copies. Above the largest size the
         step runs eagerly on ``inputs`` as given (static buffers untouched, counted as
         ``eager_fallbacks``). The eager backend always calls the step directly (no
-        padding, ``clone`` ignored, counted as ``eager_runs``). Raises RuntimeError before
-        capture (graph backends), ValueError/TypeError for a bad batch.
+        padding, ``clone`` ignored, counted as ``eager_runs``). No run records autograd
+        history, whatever the grad mode (inputs that require grad and inference-mode tensors
+        are fine). Raises RuntimeError before capture (graph backends), ValueError/TypeError
+        for a bad batch.
         """
         first = inputs.get(self._first) if type(inputs) is dict else None
         if type(first) is Tensor and first.dim():
@@ -473,14 +476,23 @@ class GraphCaptureManager:
             return self._replay(plan, self._static.ordered(inputs), clone)
         if self._backend_name == "eager":
             self._counters.eager_runs += 1
-            with span("eager_run", bs=b):
+            with span("eager_run", bs=b), torch.no_grad():  # as a replay: no autograd history
                 return self._step(**inputs)
         self._counters.eager_fallbacks += 1
-        with span("eager_fallback", bs=b):
+        with span("eager_fallback", bs=b), torch.no_grad():
             return self._step(**inputs)
 
     def _replay(self, plan: ReplayPlan, tensors: tuple[Tensor, ...], clone: bool) -> StepOutput:
-        """Load the checked batch, replay (with debug checks), count it; the prepared b-row outputs."""
+        """Load the checked batch, replay (with debug checks), count it; the prepared b-row outputs.
+        Never records autograd history, whatever the caller's grad mode: a batch that requires
+        grad would otherwise make the static inputs record it (and later loads fail)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._replay_loaded(plan, tensors, clone)
+        return self._replay_loaded(plan, tensors, clone)
+
+    def _replay_loaded(self, plan: ReplayPlan, tensors: tuple[Tensor, ...], clone: bool) -> StepOutput:
+        """`_replay` with grad off."""
         load = plan.load
         with span("replay", bs=load.b, padded=load.padded):
             load.load(tensors)

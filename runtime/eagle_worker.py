@@ -7,6 +7,13 @@ constant rows per depth, and the step returns views of the state's topology buff
 inside a captured graph the organize stage adds no node; dynamic trees (topk > 1 without
 tree_choices) take the general select/organize path. What must stay outside the graph: input
 validation, state selection, counters and spans (they run on the host per call).
+
+Input rules (`_check_input`, the same for a graph replay, the eager backend and the eager
+fallback above the largest captured size, so an input gets the same answer or the same error
+on every path): topk_p float32 and topk_index int64, both [b, topk]; hidden_states [b,
+hidden_size] of the model's dtype; all on the worker's device; any strides; a step never
+records autograd history, whatever the grad mode (inputs that require grad and inference-mode
+tensors give the same answer).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self.vocab_size = getattr(draft_model, "vocab_size", None)
         self.debug_checks = debug_checks_enabled()  # DRAFTGRAPH_DEBUG=1: ids and NaN checked per step
         self.last_state: RuntimeState | None = None  # the state the latest step ran under
+        self._device_for: tuple[str, torch.device] = ("", torch.device("cpu"))
         super().__init__(args)
 
     def _check_args(self, args: RuntimeArgs) -> None:
@@ -71,8 +79,15 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         depth-1 tree), row views of the topology buffers up to their capacity. The state's
         graph manager decides once (`lookup`) whether b replays and at which padded size; the
         outputs of a replay are views of graph memory, valid until the next step. Otherwise
-        the step runs eagerly.
+        the step runs eagerly, under the same input rules (see the module docstring).
         """
+        if torch.is_grad_enabled():  # a draft step never records autograd history
+            with torch.no_grad():
+                return self._draft_forward(draft_input)
+        return self._draft_forward(draft_input)
+
+    def _draft_forward(self, draft_input: Any) -> DraftResult:
+        """`draft_forward` with grad off."""
         slot = self.slot
         if slot.pending is not None:
             self._apply_pending()
@@ -80,10 +95,11 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         b = topk_index.shape[0]
         with slot.lock:
             state = slot.active
-            self._check_input(state, topk_index, hidden)  # against the state that will run
+            self._check_input(state, topk_p, topk_index, hidden)  # against the state that will run
             if self.debug_checks:
                 check_draft_values(topk_p, topk_index, hidden, self.vocab_size)
             self.last_state = state
+            self.capture_queue.note_batch(b)
             graphs = state.replayable_graphs()
             plan = graphs.lookup(b) if graphs is not None else None
             if plan is not None:
@@ -92,14 +108,19 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             reason = graphs.last_miss if graphs is not None else "no_graphs"
             reasons = state.counts.eager_reasons
             reasons[reason] = reasons.get(reason, 0) + 1
+            # the graph path reads contiguous copies: the eager path reads the same layout
+            topk_p, topk_index, hidden = topk_p.contiguous(), topk_index.contiguous(), hidden.contiguous()
             if graphs is None:
                 return self.draft_step(state, topk_p, topk_index, hidden)
             with span("eager_fallback", bs=b, reason=reason):
                 return self.draft_step(state, topk_p, topk_index, hidden)
 
-    def _check_input(self, state: RuntimeState, topk_index: torch.Tensor,
+    def _check_input(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
                      hidden: torch.Tensor | None) -> None:
-        """Shapes ``state``'s step needs: topk_index [b, k], hidden_states [b, H]."""
+        """The one set of input rules, for every path: topk_p float32 and topk_index int64
+        [b, k] (same shape: checked by `unpack_draft_input`), hidden_states [b, H] of the
+        model's dtype, all on the worker's device. TypeError for a dtype, ValueError for a shape
+        or a device, naming the input."""
         k = state.spec.topk
         if topk_index.shape[1] != k:
             raise ValueError(
@@ -111,6 +132,31 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             raise ValueError(
                 f"draft_input.hidden_states={got}: must be [b, hidden_size] = [{b}, {self.hidden_size}]"
             )
+        if topk_p.dtype is not torch.float32 or topk_index.dtype is not torch.int64 \
+                or hidden.dtype is not self.hidden_dtype:
+            for name, t, want in (("topk_p", topk_p, torch.float32), ("topk_index", topk_index, torch.int64),
+                                  ("hidden_states", hidden, self.hidden_dtype)):
+                if t.dtype is not want:
+                    raise TypeError(f"draft_input.{name} has dtype {t.dtype}: must be {want} "
+                                    f"(on every backend)")
+        dev = self._input_device()
+        if topk_p.device != dev or topk_index.device != dev or hidden.device != dev:
+            for name, t in (("topk_p", topk_p), ("topk_index", topk_index), ("hidden_states", hidden)):
+                if t.device != dev:
+                    raise ValueError(f"draft_input.{name} is on {t.device}: must be on the worker's "
+                                     f"device {dev}")
+
+    def _input_device(self) -> torch.device:
+        """The args' device with its index resolved ("cuda" -> the current CUDA device), cached."""
+        name = self.slot.args.device
+        cached = self._device_for
+        if cached[0] == name:
+            return cached[1]
+        dev = torch.device(name)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self._device_for = (name, dev)
+        return dev
 
     # ---- the step --------------------------------------------------------------------------
     def draft_step(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
