@@ -5,7 +5,7 @@ makes the draft tree static; TOML writes it the same way):
     {"speculative": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4,
                      "tree_choices": null},
      "cuda_graph_config": {"decode": {"max_bs": 32, "bs": null, "disabled": false}},
-     "max_running_requests": 64, "device": "cpu"}
+     "max_running_requests": 64, "device": "cpu", "max_state_bytes": 1073741824}
 
 TOML needs Python 3.11+ (``tomllib``) or the ``tomli`` package on 3.10; JSON works everywhere.
 """
@@ -20,30 +20,39 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .config import DEFAULT_MAX_STATE_BYTES, CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .validation import ConfigTypeError
 
 __all__ = ["load_runtime_args", "runtime_args_from_dict", "install_reload_signal"]
 
 logger = logging.getLogger(__name__)
 
-_TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device")
+_TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device", "max_state_bytes")
 _SPEC = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
 _PHASE = ("max_bs", "bs", "disabled")
 
 
 def load_runtime_args(path: str | os.PathLike[str]) -> RuntimeArgs:
-    """Parse ``path`` (.json, or .toml) into validated RuntimeArgs; errors name the file."""
+    """Parse ``path`` (.json, or .toml) into validated RuntimeArgs; errors name the file.
+
+    Any failure to read or parse it (missing, unreadable, not UTF-8, malformed, nested too
+    deeply: RecursionError, too large: MemoryError) is a ValueError naming the file; a value
+    that breaks a rule is the validation's error prefixed with the file (a ValueError; a wrong
+    type is a ConfigTypeError, a TypeError too)."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
             raw = f.read()
         data = _toml_loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
-    except (OSError, ValueError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
-        raise ValueError(f"runtime args file {path!r}: cannot read it ({exc})") from exc
+    except Exception as exc:  # OSError, JSON/TOML/Unicode errors (ValueError), RecursionError, MemoryError
+        raise ValueError(f"runtime args file {path!r}: cannot read it ({type(exc).__name__}: {exc})") from exc
     try:
         return runtime_args_from_dict(data)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"runtime args file {path!r}: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:  # e.g. the repr of a deeply nested value
+        raise ValueError(f"runtime args file {path!r}: cannot read it ({type(exc).__name__}: "
+                         f"a value nested too deeply or too large)") from exc
 
 
 def _toml_loads(text: str) -> Any:
@@ -84,12 +93,15 @@ def runtime_args_from_dict(data: Any) -> RuntimeArgs:
         cuda_graph_config=graph_cfg,
         max_running_requests=data.get("max_running_requests"),
         device=data.get("device", "cpu"),
+        max_state_bytes=data.get("max_state_bytes", DEFAULT_MAX_STATE_BYTES),
     )
 
 
 def _check_keys(where: str, value: Any, allowed: tuple[str, ...]) -> None:
     if not isinstance(value, dict):
-        raise TypeError(f"{where}={value!r}: must be a table/object")
+        text = repr(value)
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ConfigTypeError(f"{where}={shown}: must be a table/object")
     unknown = sorted(set(value) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; allowed: {list(allowed)}")
@@ -111,7 +123,7 @@ def install_reload_signal(worker: Any, path: str | os.PathLike[str], signal: int
         try:
             request(load_runtime_args(path), policy)
             logger.info("signal %d: reload from %s requested", signum, path)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # raising here would break the step it interrupted: report, serve on
             logger.error("signal %d: reload from %s rejected: %s", signum, path, exc)
 
     previous = _signal.signal(signal, handler)

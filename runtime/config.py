@@ -2,6 +2,11 @@
 
 `PhaseGraphConfig` / `CudaGraphConfig` mirror the shape of SGLang's ``cuda_graph_config`` so an
 engine can hand its own object to `RuntimeArgs.from_sglang`.
+
+Bounds: `SpeculativeConfig` refuses values past ``MAX_NUM_STEPS`` (64), ``MAX_TOPK`` (64) and
+``MAX_NUM_DRAFT_TOKENS`` (1024); a worker refuses to build a state whose estimated bytes
+(`draftgraph.runtime.budget`) exceed ``RuntimeArgs.max_state_bytes`` (default
+``DEFAULT_MAX_STATE_BYTES``, 1 GiB), before allocating anything.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from .validation import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_STATE_BYTES",
+    "MAX_NUM_DRAFT_TOKENS",
+    "MAX_NUM_STEPS",
+    "MAX_TOPK",
     "SpeculativeConfig",
     "PhaseGraphConfig",
     "CudaGraphConfig",
@@ -31,9 +40,20 @@ __all__ = [
 ]
 
 
+MAX_NUM_STEPS = 64  # draft depth S; EAGLE serves 1..8, SGLang's largest presets stay below 16
+MAX_TOPK = 64  # branching k per step
+MAX_NUM_DRAFT_TOKENS = 1024  # verify width N (root included); a static tree has N - 1 paths
+DEFAULT_MAX_STATE_BYTES = 1 << 30  # a worker state's estimated bytes (RuntimeArgs.max_state_bytes)
+
+
 def max_tree_candidates(num_steps: int, topk: int) -> int:
     """Number of draft candidates a (S, k) draft produces: k + (S-1)*k^2."""
     return topk + (num_steps - 1) * topk * topk
+
+
+def _check_max_tokens(n: int) -> None:
+    if n > MAX_NUM_DRAFT_TOKENS:
+        raise ValueError(f"num_draft_tokens={n!r}: must be <= MAX_NUM_DRAFT_TOKENS={MAX_NUM_DRAFT_TOKENS}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,10 @@ class SpeculativeConfig:
     is stored sorted by (depth, path) and N is derived from it. A chain (topk == 1) is the static
     tree ((0,), (0, 0), ..), its only valid tree: both spellings give one config (equal, with
     tree_choices None).
+
+    Maxima (documented bounds, so no configuration allocates without one): num_steps <=
+    ``MAX_NUM_STEPS`` (64), topk <= ``MAX_TOPK`` (64), num_draft_tokens <=
+    ``MAX_NUM_DRAFT_TOKENS`` (1024, so at most 1023 tree_choices).
     """
 
     num_steps: int
@@ -59,11 +83,21 @@ class SpeculativeConfig:
             raise ValueError(f"num_steps={s!r}: must be >= 1")
         if k < 1:
             raise ValueError(f"topk={k!r}: must be >= 1")
+        if s > MAX_NUM_STEPS:
+            raise ValueError(f"num_steps={s!r}: must be <= MAX_NUM_STEPS={MAX_NUM_STEPS}")
+        if k > MAX_TOPK:
+            raise ValueError(f"topk={k!r}: must be <= MAX_TOPK={MAX_TOPK}")
         n = self.num_draft_tokens
+        if n is not None:
+            require_int("num_draft_tokens", n)
+            _check_max_tokens(n)
         if self.tree_choices is not None:
-            if n is not None:
-                require_int("num_draft_tokens", n)
+            count = len(self.tree_choices) if isinstance(self.tree_choices, (list, tuple)) else None
+            if count is not None and count + 1 > MAX_NUM_DRAFT_TOKENS:
+                raise ValueError(f"tree_choices has {count} paths: num_draft_tokens = paths + 1 "
+                                 f"must be <= MAX_NUM_DRAFT_TOKENS={MAX_NUM_DRAFT_TOKENS}")
             choices = check_tree_choices(self.tree_choices, s, k, n)
+            _check_max_tokens(len(choices) + 1)
             object.__setattr__(self, "num_draft_tokens", len(choices) + 1)
             object.__setattr__(self, "tree_choices", None if k == 1 else choices)
             return
@@ -192,12 +226,17 @@ class CudaGraphConfig:
 
 @dataclass(frozen=True)
 class RuntimeArgs:
-    """Everything a draft worker needs: draft shape, graph settings, request pool, device."""
+    """Everything a draft worker needs: draft shape, graph settings, request pool, device, and
+    ``max_state_bytes``: the most bytes a worker may allocate for one state (topology buffers,
+    static graph inputs and outputs; estimated before allocating, see
+    `draftgraph.runtime.budget`), default ``DEFAULT_MAX_STATE_BYTES`` (1 GiB); raise it to
+    serve larger configurations."""
 
     speculative: SpeculativeConfig
     cuda_graph_config: CudaGraphConfig | None = None
     max_running_requests: int | None = None
     device: str = "cpu"
+    max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative, SpeculativeConfig):
@@ -209,6 +248,7 @@ class RuntimeArgs:
                 f"cuda_graph_config={self.cuda_graph_config!r}: must be a CudaGraphConfig or None"
             )
         require_optional_positive_int("max_running_requests", self.max_running_requests)
+        require_positive_int("max_state_bytes", self.max_state_bytes)
         try:
             dev = torch.device(self.device)
         except (RuntimeError, TypeError) as exc:

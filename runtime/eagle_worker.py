@@ -62,6 +62,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self._device_for: tuple[str, torch.device] = ("", torch.device("cpu"))
         super().__init__(args)
 
+    def _row_input_bytes(self) -> int:
+        """hidden_states: one row of [H] in the model's dtype (the memory check's estimate)."""
+        return self.hidden_size * torch.empty(0, dtype=self.hidden_dtype).element_size()
+
     def _check_args(self, args: RuntimeArgs) -> None:
         """The draft model's parameters must live on the args' device."""
         dev = _model_device(self.draft_model)

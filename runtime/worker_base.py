@@ -18,6 +18,7 @@ import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
 
+from .budget import check_state_budget, largest_capture_size
 from .capture_queue import CaptureQueue
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
@@ -157,8 +158,10 @@ class EagleDraftWorkerBase(ReloadMixin):
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
                    args: RuntimeArgs | None = None, generation: int | None = None) -> RuntimeState:
         """A complete state for ``spec`` with its buffers, counted in this worker's figures;
-        graphs are captured separately."""
+        graphs are captured separately. Every state is built here, after the memory check
+        (`_check_budget`): ValueError, nothing allocated, when it is over the budget."""
         args = args or self.slot.args
+        self._check_budget(spec, capture_bs, args)
         state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._buffers_for(spec, args),
                              self._token)
         state.generation = self.slot.generation if generation is None else generation
@@ -176,6 +179,29 @@ class EagleDraftWorkerBase(ReloadMixin):
             else:
                 self._capture_into(state, backend)
         return state
+
+    def _check_budget(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None, args: RuntimeArgs
+                      ) -> None:
+        """Refuse a state whose estimated bytes exceed ``args.max_state_bytes`` (see
+        `draftgraph.runtime.budget`), before building anything (the size grid included)."""
+        if not self.captures_graphs:
+            rows = 0
+        elif capture_bs is None:
+            rows = largest_capture_size(args)
+        else:
+            sizes = self._capture_sizes(capture_bs, args)
+            rows = sizes[-1] if sizes else 0
+        check_state_budget(args, spec, rows, self._row_input_bytes())
+
+    def _row_input_bytes(self) -> int:
+        """Bytes per row of the static graph inputs besides topk_p / topk_index (subclass hook)."""
+        return 0
+
+    def _check_reload(self, new_args: Any, policy: str) -> None:
+        """`ReloadMixin`'s check plus the memory check, so an over-budget reload is refused when
+        requested, before anything (release_first: the old graphs) changes."""
+        super()._check_reload(new_args, policy)
+        self._check_budget(new_args.speculative, None, new_args)
 
     @staticmethod
     def _capture_sizes(capture_bs: Sequence[int] | None, args: RuntimeArgs) -> tuple[int, ...]:

@@ -73,11 +73,12 @@ def _rss_mib() -> float:
 
 
 def _reload_from(engine: SpecDecodeEngine, path: str, why: str) -> None:
-    """Load the args file and queue a reload; a bad file is reported and serving continues."""
+    """Load the args file and queue a reload; a bad file (or a refused reload, whatever the
+    error) is reported and serving continues: this also runs from the SIGHUP handler."""
     try:
         engine.request_reload(load_runtime_args(path))
         logger.info("reload from %s queued (%s)", path, why)
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:
         print(f"draftgraph: reload rejected ({why}), still serving the previous state: {exc}",
               file=sys.stderr)
 

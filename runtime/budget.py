@@ -1,0 +1,96 @@
+"""Memory bound of a worker state, checked before anything is allocated.
+
+A worker builds every state (the first, an override, `build_runtime_state`, a reload) through one
+place, and that place first estimates what the state will own and refuses, naming the fields and
+the figure, when it exceeds ``RuntimeArgs.max_state_bytes`` (default ``DEFAULT_MAX_STATE_BYTES``,
+1 GiB). The estimate is arithmetic on the configuration only (no topology is built, no size
+grid enumerated), so a hopeless configuration is refused in microseconds with memory unchanged.
+
+What is counted (bytes; ``C`` = topology rows, `chain_capacity`; ``R`` = the largest capture size,
+0 without graphs; ``N``, ``S``, ``k`` of the spec):
+
+- topology buffers (static topologies: a chain or ``tree_choices``): organize outputs
+  ``C * (W + N - 1) * 8`` (W = N - 1, or 0 at depth 1) and verify constants
+  ``C * (N * N + 4 * N * 8) + N * 8`` (tree mask, parents, retrieve index, next token/sibling);
+- static graph inputs: ``R * (k * 4 + k * 8 + row_input_bytes)`` (topk_p, topk_index, and the
+  worker's per-row input, e.g. hidden_states ``H * itemsize``);
+- graph outputs: ``R * (N - 1) * 8`` for a static topology (the draft tokens; the rest are
+  views of the topology buffers); for a dynamic tree ``R * ((1 + (S-1)k) * 8 + 2 (N-1) * 8 +
+  M * 20)`` with ``M = k + (S-1)k^2`` candidates (their scores, tokens and parents).
+
+Activations inside a step are not counted: the estimate is what the state holds between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import RuntimeArgs, SpeculativeConfig, chain_capacity, max_tree_candidates
+
+__all__ = ["StateBytes", "check_state_budget", "estimate_state_bytes", "largest_capture_size"]
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Estimated bytes of one state, by part."""
+
+    topology: int
+    graph_inputs: int
+    graph_outputs: int
+
+    @property
+    def total(self) -> int:
+        """All parts."""
+        return self.topology + self.graph_inputs + self.graph_outputs
+
+
+def estimate_state_bytes(spec: SpeculativeConfig, capacity: int, rows: int, row_input_bytes: int = 0
+                         ) -> StateBytes:
+    """Bytes a state of ``spec`` owns with ``capacity`` topology rows and graphs up to ``rows``
+    (0: none); ``row_input_bytes``: the worker's per-row static input besides topk_p/topk_index."""
+    n, s, k = spec.num_draft_tokens, spec.num_steps, spec.topk
+    topology = 0
+    if spec.is_static:
+        width = n - 1 if s > 1 else 0
+        topology = capacity * ((width + n - 1) * 8 + n * n + 4 * n * 8) + n * 8
+        out_row = (n - 1) * 8
+    else:
+        cands = max_tree_candidates(s, k)
+        out_row = (1 + (s - 1) * k) * 8 + 2 * (n - 1) * 8 + cands * 20
+    return StateBytes(topology, rows * (k * 4 + k * 8 + row_input_bytes), rows * out_row)
+
+
+def largest_capture_size(args: RuntimeArgs) -> int:
+    """The largest batch size a worker captures for ``args`` (0: none), without enumerating the
+    size grid: min(max(bs) or max_bs, max_running_requests); 0 when disabled or neither is set."""
+    decode = args.decode
+    if decode.disabled or (decode.max_bs is None and decode.bs is None):
+        return 0
+    largest = max(decode.bs) if decode.bs else decode.max_bs
+    if not largest:
+        return 0
+    limit = args.max_running_requests
+    return largest if limit is None else min(largest, limit)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def check_state_budget(args: RuntimeArgs, spec: SpeculativeConfig, rows: int, row_input_bytes: int = 0
+                       ) -> StateBytes:
+    """The estimate for a state of ``spec`` under ``args``; ValueError naming the fields and the
+    figure when it exceeds ``args.max_state_bytes``."""
+    capacity = chain_capacity(args)
+    est = estimate_state_bytes(spec, capacity, rows, row_input_bytes)
+    if est.total > args.max_state_bytes:
+        raise ValueError(
+            f"a state for num_steps={spec.num_steps}, topk={spec.topk}, "
+            f"num_draft_tokens={spec.num_draft_tokens} with {capacity} topology rows "
+            f"(max(cuda_graph_config.decode.max_bs, max_running_requests)) and graphs up to batch "
+            f"size {rows} needs about {_mib(est.total)} (topology {_mib(est.topology)}, graph inputs "
+            f"{_mib(est.graph_inputs)}, graph outputs {_mib(est.graph_outputs)}): over "
+            f"max_state_bytes={args.max_state_bytes} ({_mib(args.max_state_bytes)}); lower those "
+            f"fields or raise max_state_bytes"
+        )
+    return est
