@@ -31,11 +31,13 @@ class AdaptiveStepController:
     rebuilt for the new args at the next `step`. With a ``coordinator`` (`RankCoordinator`,
     several ranks) every rank serves rank 0's choice as of the latest poll, so all ranks switch
     at the same step; call ``coordinator.step()`` before this controller's `step` each step.
+    ``background=True`` queues the candidates' captures behind the active state's (see
+    `EagleDraftWorkerBase.capture_graphs`): a candidate serves eager until its graphs are ready.
     """
 
     def __init__(self, worker: Any, candidate_steps: Sequence[int | tuple[int, int]],
                  alpha: float = 0.2, margin: float = 1.0, capture_bs: Sequence[int] | None = None,
-                 backend: str = "auto", coordinator: Any = None) -> None:
+                 backend: str = "auto", coordinator: Any = None, background: bool = False) -> None:
         self._candidates = _check_candidates(candidate_steps)
         if not 0.0 < float(alpha) <= 1.0:
             raise ValueError(f"alpha={alpha!r}: must be in (0, 1]")
@@ -46,6 +48,7 @@ class AdaptiveStepController:
         self.margin = float(margin)
         self._capture_bs = capture_bs
         self._backend = backend
+        self._background = bool(background)
         self.coordinator = coordinator
         self.ema: float | None = None
         self.switches = 0
@@ -70,7 +73,8 @@ class AdaptiveStepController:
                 old.release()
         self._generation = self.worker.generation
         self._states = {
-            s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend)
+            s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend,
+                                               background=self._background)
             for s, n in self._candidates
         }
 

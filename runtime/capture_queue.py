@@ -15,9 +15,11 @@ kernels that other threads launch, so CUDA units run at step boundaries: the eng
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +57,8 @@ class CaptureQueue:
         self._taken: set[tuple[int, int]] = set()  # (id(manager), size) being captured now
         self._thread: threading.Thread | None = None
         self.threaded = False  # a background thread runs the units (trace, compile)
+        self._stopped = False
+        self._atexit = False
         self.units_run = 0
         self.units_failed = 0
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
@@ -120,8 +124,10 @@ class CaptureQueue:
         return None
 
     def run_one(self) -> bool:
-        """Capture the next unit in the calling thread; False when none is pending."""
+        """Capture the next unit in the calling thread; False when none is pending (or stopped)."""
         with self._lock:
+            if self._stopped:
+                return False
             picked = self._pick()
             if picked is None:
                 return False
@@ -173,12 +179,28 @@ class CaptureQueue:
                 self._done.wait(timeout=0.05 if left is None else min(left, 0.05))
 
     # ---- the background thread ---------------------------------------------------------------
+    def stop(self, timeout_s: float | None = 60.0) -> bool:
+        """Run no further unit (pending ones stay eager) and wait up to ``timeout_s`` for the one
+        in progress; True when no unit is running any more. Called at exit as well: a capture
+        thread must not be cut off while torch tears down."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
     def _ensure_thread(self) -> None:
         with self._lock:
-            if self._thread is not None:
+            if self._thread is not None or self._stopped:
                 return
             self._thread = threading.Thread(target=self._work, name="draftgraph-capture", daemon=True)
             self._thread.start()
+            if not self._atexit:
+                self._atexit = True
+                ref = weakref.ref(self)
+                atexit.register(_stop_at_exit, ref)
 
     def _work(self) -> None:
         """Run units until none is pending; a later `add` starts a new thread."""
@@ -191,3 +213,10 @@ class CaptureQueue:
                     self._thread = None
                     return
             time.sleep(0.01)  # every pending unit is being captured by another caller
+
+
+def _stop_at_exit(ref: weakref.ref[CaptureQueue]) -> None:
+    """At interpreter exit: let a running unit finish (bounded) and start no other."""
+    queue = ref()
+    if queue is not None:
+        queue.stop(timeout_s=60.0)

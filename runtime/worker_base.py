@@ -247,6 +247,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         state.capture_s = time.perf_counter() - start
         state.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
         state.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
+        state.compile_s = sum(v.compile_s for v in manager.stats.sizes.values())
         return state
 
     def _queue_capture(self, state: RuntimeState, backend: str) -> RuntimeState:
@@ -297,6 +298,11 @@ class EagleDraftWorkerBase(ReloadMixin):
                 with self.slot.lock:
                     queue.run_one()
         return True
+
+    def stop_capture(self, timeout_s: float | None = 60.0) -> bool:
+        """Stop capturing in the background: no further unit runs (pending sizes serve eager)
+        and the one in progress is waited for up to ``timeout_s``; True when none runs any more."""
+        return self.capture_queue.stop(timeout_s)
 
     def capture_pending(self, budget_s: float) -> int:
         """Run queued units in this thread, under the worker's lock, until ``budget_s`` is spent

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgraph.graphs import capture_batch_sizes, record_spans, resolve_backend
+from draftgraph.graphs.backend_compile import compiler_available, inductor_cache_dir
 from draftgraph.runtime import (
     CudaGraphConfig,
     PhaseGraphConfig,
@@ -39,7 +40,9 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-choices", default=None, help='static tree, e.g. "[[0],[1],[0,0]]"')
     p.add_argument("--max-bs", type=int, default=8, help="cuda_graph_config.decode.max_bs")
     p.add_argument("--max-running", type=int, default=8, help="max_running_requests (slots)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "trace", "eager"])
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "compile", "trace", "eager"])
+    p.add_argument("--capture", default="background", choices=["background", "blocking"],
+                   help="capture graphs off the serving path (default) or before serving")
     p.add_argument("--draft", default="eagle", choices=["eagle", "multi_layer"])
     p.add_argument("--seed", type=int, default=0)
 
@@ -86,7 +89,9 @@ def _info(ns: argparse.Namespace) -> int:
            "max_running_requests": args.max_running_requests, "decode_max_bs": args.decode.max_bs,
            "capture_sizes": capture_batch_sizes(args.decode, limit=args.max_running_requests),
            "chain_capacity": chain_capacity(args),
-           "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)}
+           "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
+           "capture": ns.capture, "compile_available": compiler_available(),
+           "inductor_cache_dir": str(inductor_cache_dir())}
     print(json.dumps(out, indent=2))
     return 0
 
@@ -99,10 +104,11 @@ def _generate(ns: argparse.Namespace) -> int:
     tok = default_tokenizer()
     target, draft = default_models(seed=ns.seed, draft=ns.draft)
     ids = tok.encode(ns.text)
-    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend)
+    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture)
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens)[0]
     spec_s = time.perf_counter() - start
+    engine.close()
     start = time.perf_counter()
     ref = greedy_generate(target, [ids], ns.max_new_tokens)[0]
     greedy_s = time.perf_counter() - start
@@ -115,11 +121,11 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _bench() -> int:
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_all.py"
-    if not script.exists():
-        print(f"draftgraph: error: {script} not found (run from a source checkout)", file=sys.stderr)
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "scripts" / "bench_all.py").exists():
+        print(f"draftgraph: error: {root / 'scripts'} not found (run from a source checkout)", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(script)])
+    return subprocess.call([sys.executable, "-m", "scripts.bench_all"], cwd=root)
 
 
 def _simulate(ns: argparse.Namespace) -> int:
@@ -132,7 +138,7 @@ def _simulate(ns: argparse.Namespace) -> int:
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
                            profile_dir=ns.profile, progress=not ns.json and ns.world_size == 1,
-                           poll_every=ns.poll_every)
+                           poll_every=ns.poll_every, capture=ns.capture)
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
     with record_spans() as spans:
@@ -180,6 +186,20 @@ def _span_summary(spans: Any) -> dict[str, int]:
     return counts
 
 
+def _ready_text(r: dict[str, Any]) -> str:
+    """When every graph was ready, or what is still pending."""
+    if r["graphs_ready_s"] is not None:
+        return f"{r['graphs_ready_s']:.2f} s after construction ({r['capture']})"
+    pending = sum(len(s["sizes_pending"]) for s in r["states"])
+    return f"not yet: {pending} capture units pending ({r['capture']})"
+
+
+def _before_after_text(r: dict[str, Any]) -> str:
+    before, after = r.get("tokens_per_s_before_ready"), r.get("tokens_per_s_after_ready")
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    return f"{fmt(before)} / {fmt(after)}"
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
@@ -190,7 +210,12 @@ def _print_report(r: dict[str, Any]) -> None:
             ("verify steps", r["verify_steps"]), ("steps per state", r["steps_per_state"]),
             ("graph replays / eager fallbacks", f"{r['graph_replays']} / {r['eager_fallbacks']}"),
             ("fast-path hits", r["fast_path_hits"]), ("padding rows", r["pad_rows"]),
-            ("capture", f"{r['capture_s']:.2f} s"), ("reloads", r["reloads"]),
+            ("start-up (first step servable)", f"{r['startup_s']:.2f} s"),
+            ("graphs ready", _ready_text(r)),
+            ("capture / compile (all states)", f"{r['capture_s']:.2f} s / {r['compile_s']:.2f} s"),
+            ("eager steps by reason", r["eager_steps_by_reason"]),
+            ("tokens/s before / after ready", _before_after_text(r)),
+            ("reloads", r["reloads"]),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
             ("spans", r["spans"])]
     if "profile" in r:  # --profile DIR

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
+from draftgraph.runtime.reload import PreparedReload
 
 from ..models.eagle_head import EagleDraftHead
 from ..models.greedy import prefill
@@ -40,14 +42,28 @@ MAX_VERIFY_WIDTH = 32  # the widest tree (N) a reload may ask for; admission res
 DEFAULT_SLOTS = 16
 
 
+CAPTURE_MODES = ("background", "blocking")
+CUDA_CAPTURE_BUDGET_S = 0.05  # step-boundary capture time per step (CUDA units)
+
+
 class SpecDecodeEngine:
     """Speculative decoding of ``target`` with ``draft`` (an `EagleDraftHead` or a
     `MultiLayerDraft`) under ``args``; ``backend`` is the worker's graph backend ("auto",
-    "cuda", "trace") or "eager" (no graphs). ``adaptive_steps``: candidate S values switched by
-    an `AdaptiveStepController` fed the real acceptance (None: fixed S)."""
+    "cuda", "compile", "trace") or "eager" (no graphs). ``adaptive_steps``: candidate S values
+    switched by an `AdaptiveStepController` fed the real acceptance (None: fixed S).
+
+    ``capture="background"`` (default): the constructor queues every graph (the active state's
+    sizes first, then the adaptive candidates') and returns at once; steps run eager until
+    their graph is ready, counted by reason. ``"blocking"``: every graph is captured before the
+    constructor returns. A reload under background capture swaps when the new state's graphs
+    are ready (``swap``) or at once, serving eager meanwhile (``release_first``)."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
-                 adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None) -> None:
+                 adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
+                 capture: str = "background") -> None:
+        self._t0 = time.perf_counter()
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
         if not isinstance(args, RuntimeArgs):
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
@@ -67,8 +83,11 @@ class SpecDecodeEngine:
             raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
         self._check_spec(args)
         self.worker = self.drafter.worker
+        self.capture = capture
+        self._background = capture == "background" and backend != "eager"
+        self._prepared: PreparedReload | None = None  # a reload waiting for its graphs
         if backend != "eager":
-            self.worker.capture_graphs(backend)
+            self.worker.capture_graphs(backend, background=self._background)
         self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
         self.coordinator: Any = None
         self._generation_seen = self.worker.generation
@@ -84,6 +103,7 @@ class SpecDecodeEngine:
         self._free = list(range(self.max_slots, 0, -1))
         self._pending: tuple[RuntimeArgs, str] | None = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
+        self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
     def attach_coordinator(self, coordinator: Any) -> None:
         """Serve under a `RankCoordinator` (several ranks): its `step()` runs at every step
@@ -116,7 +136,7 @@ class SpecDecodeEngine:
         capture = [] if self.backend == "eager" else None
         backend = "auto" if self.backend == "eager" else self.backend
         return AdaptiveStepController(self.worker, cands, capture_bs=capture, backend=backend,
-                                      coordinator=self.coordinator)
+                                      coordinator=self.coordinator, background=self._background)
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
         """Validate now; reload at the start of the next step (safe from a signal handler)."""
@@ -134,18 +154,74 @@ class SpecDecodeEngine:
     def _apply_reload(self) -> None:
         new_args, policy = self._pending
         self._pending = None
+        if self._background:
+            self._prepare_reload(new_args, policy)
+            return
         if self.controller is not None:
             self.controller.release()
         try:
             self.worker.reload(new_args, policy)
         except (ReloadError, ValueError) as exc:
-            logger.error("reload rejected, the previous state keeps serving: %s", exc)
-            self._stats.reloads.append({"ok": False, "error": str(exc), "step": self._stats.steps})
+            self._reload_rejected(exc)
         else:
-            self.args = new_args
-            self._stats.reloads.append({"ok": True, "step": self._stats.steps,
-                                        **self.worker.reload_history[-1]})
+            self._reload_done(new_args)
+
+    def _reload_rejected(self, exc: BaseException) -> None:
+        logger.error("reload rejected, the previous state keeps serving: %s", exc)
+        self._stats.reloads.append({"ok": False, "error": str(exc), "step": self._stats.steps})
+
+    def _reload_done(self, new_args: RuntimeArgs) -> None:
+        self.args = new_args
+        self._generation_seen = self.worker.generation
+        self._stats.reloads.append({"ok": True, "step": self._stats.steps, **self.worker.reload_history[-1]})
         self.controller = self._new_controller()
+
+    def _prepare_reload(self, new_args: RuntimeArgs, policy: str) -> None:
+        """Background capture: build the new state with queued graphs; ``release_first`` swaps
+        now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
+        if self._prepared is not None:  # a newer request supersedes one still capturing
+            self.worker.discard_reload(self._prepared, "superseded by a newer reload request")
+            self._prepared = None
+        if policy == "release_first" and self.controller is not None:
+            self.controller.release()
+        try:
+            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True)
+        except (ReloadError, ValueError) as exc:
+            self._reload_rejected(exc)
+            if policy == "release_first":
+                self.controller = self._new_controller()
+            return
+        if policy == "release_first":
+            self._commit_reload(prepared)
+        else:
+            self._prepared = prepared
+
+    def _commit_reload(self, prepared: PreparedReload) -> None:
+        if self.controller is not None:
+            self.controller.release()
+        try:
+            self.worker.commit_reload(prepared)
+        except ReloadError as exc:
+            prepared.state.release()
+            self._reload_rejected(exc)
+            self.controller = self._new_controller()
+        else:
+            self._reload_done(prepared.args)
+
+    def _commit_prepared(self) -> None:
+        """At a step boundary: swap in a prepared reload whose graphs are all ready (or drop it
+        when one of its captures failed: build-then-swap stays transactional)."""
+        prepared = self._prepared
+        if prepared is None or not prepared.ready:
+            return
+        self._prepared = None
+        failed = prepared.failed_sizes
+        if failed:
+            reason = f"capture failed at sizes {sorted(failed)}: {next(iter(failed.values()))}"
+            self.worker.discard_reload(prepared, reason)
+            self._reload_rejected(ReloadError(reason))
+            return
+        self._commit_reload(prepared)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
@@ -303,6 +379,11 @@ class SpecDecodeEngine:
         self._just_finished = []
         if self._pending is not None:
             self._apply_reload()
+        if self._prepared is not None:
+            self._commit_prepared()
+        queue = self.worker.capture_queue
+        if self._background and not queue.threaded and queue.pending():
+            self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
             if self.worker.generation != self._generation_seen:  # a coordinated reload
@@ -409,5 +490,55 @@ class SpecDecodeEngine:
                    eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    steps_per_state=dict(self.controller.steps_per_state) if self.controller else {},
-                   state=self.worker.state.describe())
+                   state=self.worker.state.describe(), **self.startup())
         return out
+
+    def close(self, timeout_s: float | None = 60.0) -> None:
+        """Stop background capture (waiting up to ``timeout_s`` for a unit in progress); the
+        engine keeps serving, eager where graphs are missing."""
+        self.worker.stop_capture(timeout_s)
+
+    def startup(self) -> dict[str, Any]:
+        """Start-up as a user feels it: ``startup_s`` (construction to the first servable step),
+        ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
+        ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
+        ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
+        failed) and ``eager_steps_by_reason``."""
+        states = self._states()
+        queue = self.worker.capture_queue
+        idle = queue.idle_since if queue.pending() == 0 else None
+        ready = None if idle is None else max(0.0, idle - self._t0)
+        return {
+            "capture": self.capture,
+            "startup_s": self.startup_s,
+            "graphs_ready_s": ready if self.backend != "eager" else 0.0,
+            "capture_s": sum(s.capture_s for s in states),
+            "compile_s": sum(s.compile_s for s in states),
+            "states": [_describe_capture(s) for s in states],
+            "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
+        }
+
+    def _states(self) -> list[Any]:
+        """The active state, the adaptive candidates and a reload being prepared (no repeats)."""
+        found = [self.worker.state]
+        if self.controller is not None:
+            found += list(self.controller.states.values())
+        if self._prepared is not None:
+            found.append(self._prepared.state)
+        out: list[Any] = []
+        for s in found:
+            if all(s is not o for o in out):
+                out.append(s)
+        return out
+
+
+def _describe_capture(state: Any) -> dict[str, Any]:
+    """One state's capture figures for `SpecDecodeEngine.startup`."""
+    graphs = state.graphs
+    ready = list(graphs.captured_sizes) if graphs is not None else []
+    pending = list(graphs.pending_sizes) if graphs is not None else []
+    failed = sorted(graphs.failed_sizes) if graphs is not None else []
+    spec = state.spec
+    return {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,
+            "capture_s": state.capture_s, "compile_s": state.compile_s, "sizes_ready": ready,
+            "sizes_pending": pending, "sizes_failed": failed}

@@ -49,6 +49,7 @@ class SimulationConfig:
     profile_dir: str | None = None
     progress: bool = True
     poll_every: int = 8
+    capture: str = "background"
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -107,8 +108,10 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     for _ in prompts:
         arrivals.append(int(t))
         t += rng.expovariate(cfg.arrival)
+    # ranks capture blocking: every rank must replay the same graph at every step
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
-                              adaptive_steps=cfg.adaptive_steps or None)
+                              adaptive_steps=cfg.adaptive_steps or None,
+                              capture="blocking" if rank is not None else cfg.capture)
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
@@ -123,6 +126,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     ids: list[int] = []
     taken: dict[int, list[int]] = {}  # results taken as requests end: the engine keeps none
     nxt, step = 0, 0
+    ready: tuple[int, float, int] | None = None  # (step, time, tokens) when every graph was ready
     rss1 = _rss_mib()
     start = time.perf_counter()
     try:
@@ -140,8 +144,11 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                 if bar is not None:
                     bar.update(engine.tokens_generated - before)
                 step += 1
+                if ready is None and engine.worker.graphs_ready():
+                    ready = (step, time.perf_counter(), engine.tokens_generated)
             loop_s = time.perf_counter() - start  # without writing the trace
     finally:
+        engine.close()  # no capture thread outlives the loop
         if bar is not None:
             bar.close()
         if old is not None:
@@ -158,7 +165,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         "steps_per_state": st["steps_per_state"], "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"],
-        "pad_rows": engine.worker.state.stats.pad_rows, "capture_s": engine.worker.state.stats.capture_s,
+        "pad_rows": engine.worker.state.stats.pad_rows, **engine.startup(),
+        **_before_after_ready(ready, start, start + loop_s, st["tokens_generated"]),
         "reloads": st["reloads"], "worker": st["worker"], "stage_s": st["stage_s"],
         "spec": st["spec"], "backend": engine.worker.state.graphs.backend_name
         if engine.worker.state.graphs is not None else "eager",
@@ -174,6 +182,17 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                                        cfg.args.max_running_requests or 8))
         report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
     return report
+
+
+def _before_after_ready(ready: tuple[int, float, int] | None, start: float, end: float,
+                        tokens: int) -> dict[str, Any]:
+    """Loop tokens/s before and after every graph was ready (None where there is no such part)."""
+    if ready is None:
+        return {"graphs_ready_step": None, "tokens_per_s_before_ready": None, "tokens_per_s_after_ready": None}
+    step, at, done = ready
+    before = done / (at - start) if at > start else None
+    after = (tokens - done) / (end - at) if end > at and tokens > done else None
+    return {"graphs_ready_step": step, "tokens_per_s_before_ready": before, "tokens_per_s_after_ready": after}
 
 
 def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
