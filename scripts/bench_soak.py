@@ -9,22 +9,31 @@ growth after the first checkpoint (the warm-up: lazy init, allocator caches; bef
 and checks a sample of outputs against `greedy_generate`. Targets: live tensors flat (no growth
 after the first checkpoint) and RSS growth under 5 MiB from the first checkpoint to the last.
 Full run: 20,000 requests, a checkpoint every 1,000; ``--quick``: 400, every 100.
+
+``--reload-every K`` (not in `make bench`): every K engine steps a reload is requested, in turn
+from the serving thread, from a second thread and by SIGHUP (a handler that reads a runtime
+args file), cycling S = 2, 3, 4, 3; the outcomes are counted and the samples still checked (the
+live tensor count then follows the configuration active at each checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
+import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
 from typing import Any
 
 import torch
 
-from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime import RuntimeArgs, SpeculativeConfig, load_runtime_args
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models, greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
@@ -50,11 +59,61 @@ def rss_mib() -> float:
         return float("nan")
 
 
+class _Reloader:
+    """Requests reloads into ``engine`` every ``every`` steps: serving thread, second thread,
+    SIGHUP in turn (see the module docstring)."""
+
+    STEPS = (2, 3, 4, 3)
+
+    def __init__(self, engine: SpecDecodeEngine, in_flight: int, every: int, folder: str) -> None:
+        self.engine, self.every, self.n = engine, every, 0
+        self.args = [RuntimeArgs(SpeculativeConfig(s, 1), max_running_requests=in_flight) for s in self.STEPS]
+        self.path = os.path.join(folder, "reload.json")
+        self.errors: list[BaseException] = []
+        self.by = {"serving thread": 0, "second thread": 0, "SIGHUP": 0}
+        self.old = signal.signal(signal.SIGHUP, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        try:
+            self.engine.request_reload(load_runtime_args(self.path))
+        except Exception as exc:  # counted, never raised into the step it interrupted
+            self.errors.append(exc)
+
+    def _request(self, args: RuntimeArgs) -> None:
+        try:
+            self.engine.request_reload(args)
+        except Exception as exc:
+            self.errors.append(exc)
+
+    def maybe(self, step: int) -> None:
+        if not self.every or step % self.every:
+            return
+        args = self.args[self.n % len(self.args)]
+        kind = ("serving thread", "second thread", "SIGHUP")[self.n % 3]
+        self.n += 1
+        self.by[kind] += 1
+        if kind == "serving thread":
+            self._request(args)
+        elif kind == "second thread":
+            t = threading.Thread(target=self._request, args=(args,))
+            t.start()
+            t.join()
+        else:
+            with open(self.path, "w") as f:
+                json.dump({"speculative": {"num_steps": args.speculative.num_steps, "topk": 1},
+                           "max_running_requests": args.max_running_requests}, f)
+            os.kill(os.getpid(), signal.SIGHUP)
+
+    def close(self) -> None:
+        signal.signal(signal.SIGHUP, self.old)
+
+
 def soak(requests: int, every: int, in_flight: int = 8, sample_every: int = 97, seed: int = 0,
-         backend: str = "eager") -> dict[str, Any]:
+         backend: str = "eager", reload_every: int = 0) -> dict[str, Any]:
     """Serve ``requests`` short requests; checkpoints every ``every`` ended requests (see the
-    module docstring). Returns checkpoints [(requests, live tensors, RSS MiB)], the sampled
-    (prompt, max_new, output) triples, seconds and the engine's request counts."""
+    module docstring); ``reload_every`` > 0: a reload every that many steps. Returns
+    checkpoints [(requests, live tensors, RSS MiB)], the sampled (prompt, max_new, output)
+    triples, seconds, the engine's request counts and the reloads."""
     target_model, head = default_models(seed=0)
     args = RuntimeArgs(SpeculativeConfig(3, 1), max_running_requests=in_flight)
     engine = SpecDecodeEngine(args, target_model, head, backend=backend)
@@ -67,8 +126,14 @@ def soak(requests: int, every: int, in_flight: int = 8, sample_every: int = 97, 
     samples: list[tuple[list[int], int, list[int]]] = []
     checkpoints: list[tuple[int, int, float]] = []
     next_checkpoint = min(every, requests)
+    folder = tempfile.mkdtemp(prefix="draftgraph-soak-")
+    reloader = _Reloader(engine, in_flight, reload_every, folder) if reload_every else None
+    steps = 0
     start = time.perf_counter()
     while ended < requests:
+        if reloader is not None:
+            reloader.maybe(steps)
+        steps += 1
         while added < next_checkpoint and added - ended < in_flight:
             prompt, max_new = pool[rng.randrange(len(pool))], rng.randint(4, 12)
             rid = engine.add_request(prompt, max_new)
@@ -85,9 +150,15 @@ def soak(requests: int, every: int, in_flight: int = 8, sample_every: int = 97, 
             next_checkpoint = min(next_checkpoint + every, requests)
     seconds = time.perf_counter() - start
     st = engine.stats()
-    return {"checkpoints": checkpoints, "samples": samples, "seconds": seconds,
+    reloads = None
+    if reloader is not None:
+        reloader.close()
+        reloads = {"requested": reloader.n, "by": reloader.by, "request_errors": len(reloader.errors),
+                   "applied": sum(r["ok"] for r in st["reloads"]),
+                   "rejected": sum(not r["ok"] for r in st["reloads"])}
+    return {"checkpoints": checkpoints, "samples": samples, "seconds": seconds, "steps": steps,
             "finished": st["requests_finished"], "failed": st["requests_failed"],
-            "tokens": st["tokens_generated"], "target": target_model}
+            "tokens": st["tokens_generated"], "target": target_model, "reloads": reloads}
 
 
 def check_samples(target_model: Any, samples: list[tuple[list[int], int, list[int]]]) -> int:
@@ -106,10 +177,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--every", type=int, default=None)
+    p.add_argument("--reload-every", type=int, default=0, help="request a reload every K steps")
+    p.add_argument("--sample-every", type=int, default=97, help="check every Nth request against greedy")
     a = p.parse_args(argv)
     requests = a.requests or (400 if a.quick else 20_000)
     every = a.every or (100 if a.quick else 1_000)
-    res = soak(requests, every)
+    res = soak(requests, every, sample_every=a.sample_every, reload_every=a.reload_every)
     cps = res["checkpoints"]
     wrong = check_samples(res["target"], res["samples"])
     rows = [{"requests": n, "live_tensors": t, "rss_mib": r} for n, t, r in cps]
@@ -133,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
                targets=[target("sampled outputs equal greedy_generate", wrong, "==", 0)]),
     ]
     extra = {"tensor_growth": tensor_growth, "rss_growth_mib": rss_growth, "seconds": res["seconds"],
+             "steps": res["steps"], "reloads": res["reloads"],
              "tokens": res["tokens"], "finished": res["finished"], "failed": res["failed"],
              "sampled": len(res["samples"]), "sampled_wrong": wrong, "records": records}
     doc = emit("bench_soak", rows, ["requests", "live_tensors", "rss_mib"], extra, a.json)
