@@ -18,7 +18,7 @@ def _engine(backend: str = "eager", running: int = 4, spec: SpeculativeConfig | 
     target, head = models("eagle")
     args = RuntimeArgs(spec or SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)),
                        max_running_requests=running)
-    return SpecDecodeEngine(args, target, head, backend=backend)
+    return SpecDecodeEngine(args, target, head, backend=backend, capture="blocking")  # graphs from step 1
 
 
 def _prompts(n: int = 16) -> list[list[int]]:
