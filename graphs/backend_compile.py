@@ -43,6 +43,8 @@ __all__ = ["CompileBackend", "compiler_available", "inductor_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # as the user set it, before inductor runs
+
 
 @lru_cache(maxsize=1)
 def compiler_available() -> bool:
@@ -52,15 +54,15 @@ def compiler_available() -> bool:
     if not any(c and shutil.which(c) for c in candidates):
         return False
     try:  # look without importing: inductor takes seconds to import
-        return importlib.util.find_spec("torch._inductor.compile_fx") is not None
+        return importlib.util.find_spec("torch._inductor") is not None
     except (ImportError, ValueError):  # an unusual torch build: no inductor
         return False
 
 
 def inductor_cache_dir() -> Path:
-    """Where inductor keeps compiled kernels for draftgraph: ``$TORCHINDUCTOR_CACHE_DIR`` when set,
-    else ``$DRAFTGRAPH_CACHE/inductor`` (default ``~/.cache/draftgraph/inductor``)."""
-    own = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    """Where inductor keeps compiled kernels for draftgraph: ``$TORCHINDUCTOR_CACHE_DIR`` when the
+    user set it, else ``$DRAFTGRAPH_CACHE/inductor`` (default ``~/.cache/draftgraph/inductor``)."""
+    own = _USER_CACHE_DIR
     if own:
         return Path(own)
     base = os.environ.get("DRAFTGRAPH_CACHE")
@@ -69,8 +71,10 @@ def inductor_cache_dir() -> Path:
 
 
 def _use_cache_dir() -> None:
-    """Point inductor at `inductor_cache_dir` (it reads the variable at each compile)."""
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    """Point inductor at `inductor_cache_dir` (it reads the variable at each compile; inductor
+    itself fills in a /tmp default once it runs, so the user's own setting is the one read when
+    this module was imported)."""
+    if _USER_CACHE_DIR is None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
 
 
@@ -151,10 +155,12 @@ class CompileBackend(TraceBackend):
 
     name = "compile"
 
-    def __init__(self, rows: int, compile_fn: Callable[..., Any] | None = None) -> None:
+    def __init__(self, rows: int, compile_fn: Callable[..., Any] | None = None,
+                 check_speed: bool = False) -> None:
         super().__init__(rows)
         self.replay_engine = "fx"  # the recorded graph; the compiled runner replaces it per size
         self._compile_fn = compile_fn
+        self.check_speed = check_speed  # "auto": time the replay against eager, keep the faster
         self.fallbacks = 0
         self.compile_s: dict[int, float] = {}
 
@@ -178,7 +184,25 @@ class CompileBackend(TraceBackend):
         else:
             graph.use_runner(runner, "inductor")
             logger.debug("compile backend: size %d compiled in %.2f s", size, elapsed)
+        if self.check_speed:
+            self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
         return graph
+
+    def _time_against_eager(self, graph: TraceGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]) -> None:
+        """Median seconds of the replay (on copies of its inputs) and of the eager step (on
+        ``eager_args``, stand-ins when capturing beside serving); ``graph.prefer_eager`` when
+        the replay is not faster, so "auto" never serves a replay slower than eager."""
+        lifted, constants = _lift_constants(graph.module)
+        copies = _copies((*graph.inputs, *constants))
+        compiled = graph.compiled
+        with torch.no_grad():
+            replay = (lambda: compiled(*copies)) if compiled is not None else (lambda: lifted(*copies))
+            graph.replay_s = _median_seconds(replay)
+            graph.eager_s = _median_seconds(lambda: fn(*eager_args))
+        graph.prefer_eager = graph.replay_s >= graph.eager_s
+        if graph.prefer_eager:
+            logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
+                        graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
 
     def _compiled_runner(self, gm: fx.GraphModule, args: tuple[Tensor, ...], size: int
                          ) -> tuple[Callable[..., Any] | None, str | None]:
@@ -206,7 +230,19 @@ class CompileBackend(TraceBackend):
             with torch.no_grad():
                 return compiled(*inputs)
 
+        run.compiled = compiled  # type: ignore[attr-defined]
         return run, None
+
+
+def _median_seconds(fn: Callable[[], Any], runs: int = 7) -> float:
+    """Median wall seconds of ``fn`` over ``runs`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def _inductor_compile(gm: fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import linecache
 import logging
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -90,8 +91,21 @@ def _reject_data_dependent(gm: fx.GraphModule, size: int) -> None:
             )
 
 
+# make_fx keeps its tracer in module globals (torch.fx's CURRENT_PATCHER, proxy_tensor's current
+# tracer): two recordings at once in two threads break each other (measured: "CURRENT_PATCHER is
+# None in finally block"). Recordings of every manager in the process take turns on this lock;
+# serving never records, so it never waits on it.
+_RECORD_LOCK = threading.Lock()
+
+
 def _trace(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
     """make_fx ``fn`` over ``args`` in real mode under the host-sync guard; (graph, real outputs)."""
+    with _RECORD_LOCK:
+        return _trace_locked(fn, args, size)
+
+
+def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
+    """`_trace` while holding the recording lock."""
     seen: list[tuple[Tensor, ...]] = []
 
     def traced(*static: Tensor) -> tuple[Tensor, ...]:
@@ -175,6 +189,19 @@ class TraceGraph:
         self.engine = "fx"
         self.compile_s = 0.0  # seconds spent compiling a faster runner (compile backend)
         self.fallback_reason: str | None = None  # why a compiled runner was not used
+        self.replay_s: float | None = None  # timed at capture ("auto"), with eager_s
+        self.eager_s: float | None = None
+        self.prefer_eager = False  # "auto": the replay was not faster than the eager step
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The static views the graph replays over."""
+        return self._args
+
+    @property
+    def compiled(self) -> Any:
+        """The compiled function behind the runner (compile backend), else None."""
+        return getattr(self._runner, "compiled", None)
 
     @property
     def module(self) -> fx.GraphModule:

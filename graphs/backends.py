@@ -21,7 +21,8 @@ BACKEND_NAMES: tuple[str, ...] = ("auto", "cuda", "compile", "trace", "eager")
 
 
 def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
-    """Concrete backend for ``name``: "auto" is "cuda" with CUDA (for ``device`` when given), else "trace"."""
+    """Concrete backend for ``name``: "auto" is "cuda" with CUDA (for ``device`` when given), else
+    "compile" where inductor has a C++ compiler, else "trace"."""
     if not isinstance(name, str):
         raise TypeError(f"backend={name!r} ({type(name).__name__}): must be a str, one of {BACKEND_NAMES}")
     if name not in BACKEND_NAMES:
@@ -29,7 +30,9 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
     cuda_ok = torch.cuda.is_available()
     if name == "auto":
         on_cuda = device is None or torch.device(device).type == "cuda"
-        return "cuda" if cuda_ok and on_cuda else "trace"
+        if cuda_ok and on_cuda:
+            return "cuda"
+        return "compile" if compiler_available() else "trace"
     if name == "cuda" and not cuda_ok:
         raise ValueError("backend='cuda': torch.cuda.is_available() is False; use 'auto', 'trace' or 'eager'")
     if name == "compile" and not compiler_available():
@@ -38,14 +41,15 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
     return name
 
 
-def make_backend(name: str, rows: int, device: torch.device) -> GraphBackend:
-    """A fresh backend instance for a resolved ``name``; ``rows`` = the largest capture size."""
+def make_backend(name: str, rows: int, device: torch.device, auto: bool = False) -> GraphBackend:
+    """A fresh backend instance for a resolved ``name``; ``rows`` = the largest capture size;
+    ``auto``: chosen by "auto" (compile then times each size against eager)."""
     if name == "cuda":
         return CudaBackend(rows, device)
     if name == "trace":
         return TraceBackend(rows)
     if name == "compile":
-        return CompileBackend(rows)
+        return CompileBackend(rows, check_speed=auto)
     if name == "eager":
         return EagerBackend()
     raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")

@@ -124,6 +124,7 @@ class GraphCaptureManager:
         sizes = _check_sizes(capture_sizes)
         self._static = StaticInputs(static_inputs, pad_values, rows=max(sizes, default=0))
         self._backend_name = resolve_backend(backend, device=self._static.device)
+        self._auto = backend == "auto"  # compile then keeps a size's graph only when faster than eager
         if not sizes and self._backend_name != "eager":
             raise ValueError(f"capture_sizes is empty: backend {self._backend_name!r} needs at least one size")
         if self._backend_name == "cuda" and any(d.type != "cuda" for d in self._static.devices()):
@@ -269,7 +270,7 @@ class GraphCaptureManager:
             self._captured = True
             self._captures += 1
             return
-        backend = make_backend(self._backend_name, self.max_size, self._static.device)
+        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto)
         graphs: dict[int, CapturedGraph] = {}
         records: dict[int, CaptureRecord] = {}
         size = self.max_size
@@ -304,7 +305,8 @@ class GraphCaptureManager:
             elapsed = time.perf_counter() - start
         return graph, CaptureRecord(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes,
                                     compile_s=float(getattr(graph, "compile_s", 0.0)),
-                                    engine=str(getattr(graph, "engine", backend.name)),
+                                    engine="eager" if getattr(graph, "prefer_eager", False)
+                                    else str(getattr(graph, "engine", backend.name)),
                                     fallback=getattr(graph, "fallback_reason", None))
 
     @staticmethod
@@ -374,7 +376,7 @@ class GraphCaptureManager:
         backend = self._backend
         if backend is not None:
             return backend
-        backend = make_backend(self._backend_name, self.max_size, self._static.device)
+        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto)
         size = self.max_size
         args = self._static.shadow_views(size) if backend.records_on_copies else self._static.views(size)
         with span("warmup", size=size, backend=self._backend_name):
@@ -411,7 +413,8 @@ class GraphCaptureManager:
         """The one dispatch decision: the prepared plan that replays b rows (at the smallest
         capture size >= b), or None when no graph serves b, with the reason in ``last_miss``:
         "eager_backend", "above_max" (b above the largest size), "not_ready" (its graph is
-        still queued) or "capture_failed"; the caller then runs the step eagerly.
+        still queued), "capture_failed" or "eager_faster" ("auto" timed its replay slower than the
+        eager step at capture); the caller then runs the step eagerly.
         RuntimeError before any capture (graph backends): replaying nothing is a bug, not a
         shape without a graph."""
         plan = self._plans.get(b)
@@ -429,6 +432,9 @@ class GraphCaptureManager:
         graph = self._graphs.get(padded)
         if graph is None:  # incremental capture: not published (yet)
             self.last_miss = "capture_failed" if padded in self._failed else "not_ready"
+            return None
+        if getattr(graph, "prefer_eager", False):  # "auto": its replay timed slower than eager
+            self.last_miss = "eager_faster"
             return None
         plan = ReplayPlan(self._static.plan(b, padded), graph, self._counters.usage(padded), self._single_output)
         self._plans[b] = plan

@@ -209,7 +209,7 @@ class CaptureQueue:
                 continue
             with self._lock:
                 self._prune()
-                if not self._entries:
+                if not self._entries or self._stopped:
                     self._thread = None
                     return
             time.sleep(0.01)  # every pending unit is being captured by another caller

@@ -80,10 +80,11 @@ class DraftCounters:
             by_reason[reason] = by_reason.get(reason, 0) + n
 
 
-EAGER_REASONS = ("no_graphs", "above_max", "not_ready", "capture_failed", "eager_backend")
+EAGER_REASONS = ("no_graphs", "above_max", "not_ready", "capture_failed", "eager_faster", "eager_backend")
 """Why a step ran eagerly: the state has no graphs (an eager engine, no capture sizes, a stale
 spec), b is above the largest capture size, its size's graph is still queued, its capture
-failed, or the manager's backend is eager."""
+failed, "auto" timed its replay slower than eager at capture, or the manager's backend is
+eager."""
 
 
 class StepCounts:

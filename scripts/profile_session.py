@@ -40,7 +40,7 @@ def _tiny_worker_step(max_bs: int) -> Callable[[int], Any]:
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)),
                        max_running_requests=2 * max_bs, device=device)
     worker = EagleDraftWorker(args, TinyDraftModel(device=device))
-    worker.capture_graphs()
+    worker.capture_graphs("trace")
     sizes = (1, 3, max_bs, 2 * max_bs)  # the last is above the largest graph: eager fallback
     inputs = [make_draft_input(b, 1, seed=b, device=device) for b in sizes]
     return lambda i: worker.draft_forward(inputs[i % len(inputs)])

@@ -24,7 +24,7 @@ def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_simulate_json_with_bad_reload_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"speculative": {"num_steps": 0, "topk": 1}}')
-    p = _run("simulate", "--requests", "6", "--json", "--max-bs", "4", "--adaptive", "2,3",
+    p = _run("simulate", "--requests", "6", "--json", "--max-bs", "4", "--adaptive", "2,3", "--backend", "trace",
              "--reload-at", "3", "--reload-config", str(bad))
     assert p.returncode == 0, p.stderr
     assert "reload rejected" in p.stderr and "num_steps" in p.stderr
@@ -77,7 +77,7 @@ def test_simulate_two_ranks_same_generation_every_step(tmp_path):
 
 
 def test_simulate_profile_writes_trace_with_spans(tmp_path):
-    p = _run("simulate", "--requests", "2", "--adaptive", "", "--no-greedy", "--json",
+    p = _run("simulate", "--requests", "2", "--adaptive", "", "--no-greedy", "--json", "--backend", "trace",
              "--profile", str(tmp_path))
     assert p.returncode == 0, p.stderr
     trace = (tmp_path / "trace.json").read_text()

@@ -143,7 +143,7 @@ def scenario_mismatch(rank, world):
 def scenario_adaptive(rank, world):
     worker = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(4, 1)), TinyDraftModel())
     coord = RankCoordinator(worker, poll_every=8, timeout_s=30.0, name="adaptive")
-    ctl = AdaptiveStepController(worker, [1, 2, 3, 4], alpha=0.3, coordinator=coord)
+    ctl = AdaptiveStepController(worker, [1, 2, 3, 4], alpha=0.3, coordinator=coord, backend="trace")
     gen = torch.Generator().manual_seed(rank)  # every rank sees different acceptance
     inp = make_draft_input(2, 1)
     states, observed = [], []

@@ -15,7 +15,7 @@ from draftgraph.runtime.models.corpus import held_out_prompts
 def _engine(backend="eager", bs=(4, 8)):
     target, head = models("eagle")
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=bs)), max_running_requests=8)
-    return SpecDecodeEngine(args, target, head, backend=backend)
+    return SpecDecodeEngine(args, target, head, backend=backend, capture="blocking")
 
 
 @pytest.mark.parametrize("bad,frag", [([1, 2, 300], r"prompt_ids\[2\]=300"),
@@ -36,7 +36,7 @@ def test_too_long_request_rejected():
 
 
 def test_pad_rows_never_touch_live_kv():
-    engine = _engine(backend="auto")
+    engine = _engine(backend="trace")
     for p in held_out_prompts(3, seed=9):
         engine.add_request(list(p), 40)
     engine.step()  # admit and run one step: 3 live requests, replayed at padded size 4

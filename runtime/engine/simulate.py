@@ -148,7 +148,7 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                     ready = (step, time.perf_counter(), engine.tokens_generated)
             loop_s = time.perf_counter() - start  # without writing the trace
     finally:
-        engine.close()  # no capture thread outlives the loop
+        engine.close(timeout_s=None)  # no capture thread outlives the loop or runs beside greedy
         if bar is not None:
             bar.close()
         if old is not None:

@@ -1,0 +1,169 @@
+"""Capture off the serving path: units queued by (state, size), run by a background thread
+(trace, compile) while steps are served eagerly; published whole; cancelled with their state;
+reloads that swap only when ready; start-up figures in the engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from engine_support import MAX_NEW, models, prompts, reference
+
+from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.runtime import (
+    CudaGraphConfig,
+    EagleDraftWorker,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+)
+from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+
+SIZES = (1, 2, 4, 8)
+
+
+def _args(s: int = 3, k: int = 2, n: int | None = 6, sizes=SIZES) -> RuntimeArgs:
+    return RuntimeArgs(SpeculativeConfig(s, k, n), CudaGraphConfig(PhaseGraphConfig(bs=sizes)))
+
+
+def _worker(args: RuntimeArgs) -> EagleDraftWorker:
+    return EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+
+
+def _same(got, want) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_steps_from_another_thread_equal_eager_while_graphs_publish():
+    w, ref = _worker(_args()), _worker(_args())
+    w.capture_graphs("trace", background=True)
+    assert not w.graphs_ready() and w.state.graphs.pending_sizes == SIZES
+    errors: list[str] = []
+    served = {"steps": 0}
+
+    def serve() -> None:
+        deadline = time.perf_counter() + 60
+        while not w.graphs_ready() and time.perf_counter() < deadline:
+            for b in (1, 3, 6):
+                inp = make_draft_input(b, 2, seed=served["steps"])
+                if not _same(w.draft_forward(inp), ref.draft_forward(inp)):
+                    errors.append(f"b={b} step {served['steps']}")
+                served["steps"] += 1
+
+    t = threading.Thread(target=serve)
+    t.start()
+    t.join(90)
+    assert not t.is_alive(), "serving thread did not finish"
+    assert errors == []
+    assert w.wait_graphs(30) and w.state.graphs.is_captured
+    c = w.counters
+    assert c.eager_steps_by_reason.get("not_ready", 0) > 0  # served eagerly while capturing
+    before = c.graph_replays
+    for b in (1, 3, 6):
+        inp = make_draft_input(b, 2, seed=b)
+        assert _same(w.draft_forward(inp), ref.draft_forward(inp))
+    assert w.counters.graph_replays == before + 3  # every size is ready now
+    assert w.state.capture_s > 0
+
+
+def test_active_state_first_and_most_seen_sizes_first(monkeypatch):
+    from draftgraph.runtime.capture_queue import CaptureQueue
+
+    monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
+    w = _worker(_args(sizes=(1, 2, 4, 8)))
+    other = w.build_runtime_state(2, 4, backend="trace", background=True)  # queued first
+    w.capture_graphs("trace", background=True)  # the active state: captured before `other`
+    for _ in range(5):
+        w.capture_queue.note_batch(6)  # padded 8: the size serving needs most
+    order: list[tuple[int, int]] = []
+    while w.capture_queue.pending():
+        before = {id(s): set(s.graphs.captured_sizes) for s in (w.state, other)}
+        assert w.capture_pending(0.0) == 1
+        for s in (w.state, other):
+            new = set(s.graphs.captured_sizes) - before[id(s)]
+            order += [(s.num_steps, size) for size in new]
+    assert order[:4] == [(3, 8), (3, 1), (3, 2), (3, 4)]
+    assert order[4:] == [(2, 8), (2, 1), (2, 2), (2, 4)]
+
+
+def test_releasing_a_state_cancels_its_pending_units():
+    w = _worker(_args())
+    state = w.build_runtime_state(2, 4, backend="trace", background=True)
+    manager = state.graphs
+    state.release()
+    assert manager.pending_sizes == () and manager.captured_sizes == ()
+    assert w.capture_queue.pending() == 0 and w.graphs_ready()
+    assert w.wait_graphs(5)
+
+
+def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog):
+    w, ref = _worker(_args(sizes=(2, 4))), _worker(_args(sizes=(2, 4)))
+    w.capture_graphs("trace", background=True)
+    manager = w.state.graphs
+    real = manager._capture_one
+
+    def fail_at_4(backend, size, copies=False):
+        if size == 4:
+            raise MemoryError("injected")
+        return real(backend, size, copies)
+
+    manager._capture_one = fail_at_4
+    assert w.wait_graphs(30)
+    assert manager.captured_sizes == (2,) and set(manager.failed_sizes) == {4}
+    for b in (2, 3):
+        inp = make_draft_input(b, 2, seed=b)
+        assert _same(w.draft_forward(inp), ref.draft_forward(inp))
+    assert w.counters.eager_steps_by_reason == {"capture_failed": 1}
+    assert "size 4 failed" in caplog.text
+
+
+def test_a_prepared_reload_commits_only_when_ready():
+    w = _worker(_args())
+    w.capture_graphs("trace")
+    prepared = w.prepare_reload(_args(s=2, n=4), backend="trace", background=True)
+    assert not prepared.ready and w.spec.num_steps == 3  # the old state keeps serving
+    assert w.wait_graphs(30) and prepared.ready and prepared.failed_sizes == {}
+    w.commit_reload(prepared)
+    assert w.spec.num_steps == 2 and w.state.has_graphs and w.state.graphs.is_captured
+
+
+def test_stop_runs_no_further_unit():
+    w = _worker(_args())
+    w.capture_graphs("trace", background=True)
+    assert w.stop_capture(30)
+    left = w.capture_queue.pending()
+    time.sleep(0.2)
+    assert w.capture_queue.pending() == left  # nothing more was captured
+    inp = make_draft_input(3, 2)
+    w.draft_forward(inp)  # still serving
+
+
+@pytest.mark.parametrize("backend", ["trace", pytest.param("compile", marks=pytest.mark.skipif(
+    not compiler_available(), reason="no C++ compiler for inductor"))])
+def test_engine_lossless_with_background_capture_and_startup_figures(backend):
+    target, head = models("eagle")
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))),
+                       max_running_requests=8)
+    engine = SpecDecodeEngine(args, target, head, backend=backend)
+    assert engine.startup_s < 5.0  # nothing captured in the constructor
+    st = engine.startup()
+    assert st["capture"] == "background" and st["graphs_ready_s"] is None
+    assert st["states"][0]["sizes_pending"] == [1, 2, 4]
+    ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:6]]
+    while engine.has_work():
+        engine.step()
+    assert [engine.result(i) for i in ids] == reference()[:6]
+    assert engine.worker.wait_graphs(300)
+    st = engine.startup()
+    assert st["graphs_ready_s"] is not None and st["graphs_ready_s"] >= st["startup_s"]
+    assert st["states"][0]["sizes_ready"] == [1, 2, 4] and st["capture_s"] > 0
+    assert (st["compile_s"] > 0) == (backend == "compile")
+    ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[6:10]]
+    while engine.has_work():
+        engine.step()
+    assert [engine.result(i) for i in ids] == reference()[6:10]
+    assert engine.stats()["graph_replays"] > 0
+    engine.close()
