@@ -174,3 +174,24 @@ def test_an_input_that_requires_grad_does_not_poison_the_worker(spec):
         inp = make_draft_input(b, k, hidden_size=H, seed=10 + b)
         assert all(torch.equal(g, w) for g, w in zip(_run(worker, inp), _run(ref, inp)))
     assert worker.counters.graph_replays == 6
+
+
+@pytest.mark.parametrize("backend", ["trace", "eager"])
+def test_the_manager_records_no_history_on_any_path(backend):
+    """GraphCaptureManager.run: replay, eager fallback and the eager backend return tensors
+    without autograd history for inputs that require grad, in any grad mode."""
+    from draftgraph.graphs import GraphCaptureManager
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * 2.0 + 1.0)
+
+    mgr = GraphCaptureManager(step, {"x": torch.zeros(4, 3)}, [2, 4], backend=backend)
+    mgr.capture()
+    for b in (3, 1, 6, 2):  # 6: above the largest size (eager fallback on trace)
+        x = torch.randn(b, 3, requires_grad=True)
+        out = mgr.run({"x": x}, clone=True)
+        assert not out.requires_grad and torch.equal(out, step(x.detach()))
+        with torch.inference_mode():
+            y = torch.randn(b, 3)
+        assert torch.equal(mgr.run({"x": y}, clone=True), step(y.clone()))
+    assert not mgr.static_inputs["x"].requires_grad
