@@ -69,9 +69,15 @@ class RssSampler:
         self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
+def _backend(device: str) -> str:
+    """cuda on a GPU; on the CPU trace, as these figures were always measured ("auto" would now
+    compile every size: a compile benchmark, bench_compile)."""
+    return "cuda" if device.startswith("cuda") else "trace"
+
+
 def bench_policy(policy: str, device: str, reps: int) -> dict:
     worker = EagleDraftWorker(args_for(3, device), TinyDraftModel(device=device))
-    worker.capture_graphs("auto")
+    worker.capture_graphs(_backend(device))
     worker.reload(args_for(4, device), policy=policy)  # warm-up: tracer and allocator caches
     times, rss_peaks, cuda_peaks, accounted = [], [], [], []
     for i in range(reps):
@@ -104,7 +110,7 @@ def bench_policy(policy: str, device: str, reps: int) -> dict:
 
 def bench_switch(device: str, n: int) -> dict:
     worker = EagleDraftWorker(args_for(3, device), TinyDraftModel(device=device))
-    states = [worker.build_runtime_state(s, capture_bs=[1, 2, 4]) for s in (2, 5)]
+    states = [worker.build_runtime_state(s, capture_bs=[1, 2, 4], backend=_backend(device)) for s in (2, 5)]
     for st in states * 100:
         worker.apply_runtime_state(st)
     chunks = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import types
 import warnings
 
@@ -12,6 +13,17 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _capture_threads_finish_within_their_test():
+    """A background capture thread a test started finishes before the next test runs, so no
+    test measures memory or time beside another test's captures (bounded: a hang fails)."""
+    yield
+    for t in threading.enumerate():
+        if t.name == "draftgraph-capture":
+            t.join(180)
+            assert not t.is_alive(), "a draftgraph capture thread outlived its test by 180 s"
 
 
 @pytest.fixture(scope="session")
