@@ -192,6 +192,7 @@ class TraceGraph:
         self.replay_s: float | None = None  # timed at capture ("auto"), with eager_s
         self.eager_s: float | None = None
         self.prefer_eager = False  # "auto": the replay was not faster than the eager step
+        self.release_hooks: list[Any] = []  # called once at release (a compiled runner's leftovers)
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
@@ -227,6 +228,9 @@ class TraceGraph:
         """Drop the graph module, views and output buffers it referenced."""
         if self._gm is not None:
             _evict_fx_sources(self._gm.meta.get("draftgraph_fx_sources", set()))
+        hooks, self.release_hooks = self.release_hooks, []
+        for hook in hooks:
+            hook()
         self._gm = None
         self._runner = None
         self._args = ()

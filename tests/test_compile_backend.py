@@ -172,3 +172,45 @@ def test_eagle_worker_compiled_equals_eager(k, n):
         for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
             assert torch.equal(a, e), (k, b)
     assert w.counters.graph_replays == 3
+
+
+_RELOADS = """
+import gc, json, sys
+import psutil
+from torch._inductor.codecache import PyCodeCache
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+
+def args(s):
+    return RuntimeArgs(SpeculativeConfig(s, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1,))))
+
+w = EagleDraftWorker(args(3), TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+w.capture_graphs("compile")
+for i in range(30):  # warm-up: both graphs compiled, caches and malloc arenas settled (~25 reloads)
+    w.reload(args(2 + i % 2))
+proc = psutil.Process()
+gc.collect()
+rss, modules, loaded = proc.memory_info().rss, len(sys.modules), len(PyCodeCache.modules)
+for i in range(50):
+    w.reload(args(2 + i % 2))
+    w.draft_forward(make_draft_input(1, 1))
+gc.collect()
+print(json.dumps({"grown": proc.memory_info().rss - rss, "modules": len(sys.modules) - modules,
+                  "loaded": len(PyCodeCache.modules) - loaded, "reloads": w.counters.reloads,
+                  "engine": w.state.graphs.stats.sizes[1].engine}))
+"""
+
+
+def test_50_reloads_with_compile_keep_memory_flat():
+    """In a process of its own (pytest keeps every log record inductor emits, which is not what
+    a server does): 50 reloads, each compiling, after a warm-up."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _RELOADS], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["engine"] == "inductor" and r["reloads"] == 80
+    assert r["modules"] == 0 and r["loaded"] == 0  # a released graph's generated module is forgotten
+    assert r["grown"] < 5 * 2**20, f"RSS grew by {r['grown'] / 2**20:.2f} MB over 50 reloads with compile"

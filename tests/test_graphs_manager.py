@@ -229,10 +229,18 @@ def test_constructor_validation(kwargs: dict, exc: type, match: str) -> None:
         GraphCaptureManager(**args)
 
 
-def test_resolve_backend() -> None:
-    expected = "cuda" if torch.cuda.is_available() else "trace"
+def test_resolve_backend(monkeypatch) -> None:
+    import draftgraph.graphs.backends as backends
+
+    cpu = "compile" if backends.compiler_available() else "trace"
+    expected = "cuda" if torch.cuda.is_available() else cpu
     assert resolve_backend("auto") == expected
+    assert resolve_backend("auto", device="cpu") == cpu
+    monkeypatch.setattr(backends, "compiler_available", lambda: False)  # no C++ compiler
     assert resolve_backend("auto", device="cpu") == "trace"
+    with pytest.raises(ValueError, match="no C\\+\\+ compiler"):
+        resolve_backend("compile")
+    monkeypatch.undo()
     assert resolve_backend("trace") == "trace" and resolve_backend("eager") == "eager"
     with pytest.raises(ValueError, match="auto, cuda, compile, trace, eager"):
         resolve_backend("graph")
