@@ -72,11 +72,25 @@ class AdaptiveStepController:
             if old is not self.worker.state:
                 old.release()
         self._generation = self.worker.generation
-        self._states = {
-            s: self.worker.build_runtime_state(s, n, capture_bs=self._capture_bs, backend=self._backend,
-                                               background=self._background)
-            for s, n in self._candidates
-        }
+        active = self.worker.state
+        self._states = {}
+        for s, n in self._candidates:
+            if self._reusable(active, s, n):  # the worker's own state: its graphs are built already
+                self._states[s] = active
+                continue
+            self._states[s] = self.worker.build_runtime_state(
+                s, n, capture_bs=self._capture_bs, backend=self._backend, background=self._background)
+
+    def _reusable(self, state: RuntimeState, s: int, n: int | None) -> bool:
+        """True when the worker's active state is exactly candidate (S, N) with the capture sizes
+        the controller would give it (so one configuration is not captured twice)."""
+        if state.generation != self.worker.generation or state.spec.num_steps != s:
+            return False
+        if n is not None and state.spec.num_draft_tokens != n:
+            return False
+        sizes = self._capture_bs
+        wanted = tuple(sizes) if sizes is not None else state.capture_sizes
+        return state.capture_sizes == wanted and (state.graphs is not None or not wanted)
 
     def choose(self) -> int:
         """The S the rule picks for the current EMA (the largest before any observation)."""

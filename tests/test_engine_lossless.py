@@ -61,7 +61,8 @@ def test_multi_layer_engine_equals_greedy(backend):
 
 def test_switch_and_reload_mid_generation():
     target, head = models("eagle")
-    engine = SpecDecodeEngine(_args(SpeculativeConfig(3, 1)), target, head, backend="trace",
+    # S=4 is no candidate: the controller must switch away from it at the first step
+    engine = SpecDecodeEngine(_args(SpeculativeConfig(4, 1)), target, head, backend="trace",
                               adaptive_steps=(1, 2, 3), capture="blocking")
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()]
     for _ in range(6):

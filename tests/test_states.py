@@ -171,3 +171,15 @@ def test_adaptive_controller_rebuilds_after_reload_and_releases_old_states():
     assert w.state is new[3] and new[3].capture_sizes == (1, 2)
     assert new[3].generation == 1 and new[3].has_graphs
     check_replays_match_eager(w, bs=(1, 2))
+
+
+def test_the_controller_reuses_the_active_state_for_its_own_configuration():
+    from draftgraph.runtime import AdaptiveStepController
+
+    w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2)))),
+                         TinyDraftModel())
+    w.capture_graphs("trace")
+    active = w.state
+    ctl = AdaptiveStepController(w, [2, 3], backend="trace")
+    assert ctl.states[3] is active and ctl.states[2] is not active  # S=3 is not captured twice
+    assert ctl.step() == 3 and w.state is active and ctl.switches == 0
