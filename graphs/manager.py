@@ -29,6 +29,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
+from .backend_compile import prepare_background_compile
 from .backends import make_backend, resolve_backend
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
@@ -331,6 +332,8 @@ class GraphCaptureManager:
             self._started = True
             self._pending = set(self._sizes)
             self._captured_ptrs = self._static.data_ptrs()
+        if self._backend_name == "compile":  # before any thread compiles (see its docstring)
+            prepare_background_compile()
 
     def capture_size(self, size: int) -> float:
         """Capture one pending size and publish it (one dict assignment: a concurrent `lookup`

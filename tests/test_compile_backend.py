@@ -214,3 +214,16 @@ def test_50_reloads_with_compile_keep_memory_flat():
     assert r["engine"] == "inductor" and r["reloads"] == 80
     assert r["modules"] == 0 and r["loaded"] == 0  # a released graph's generated module is forgotten
     assert r["grown"] < 5 * 2**20, f"RSS grew by {r['grown'] / 2**20:.2f} MB over 50 reloads with compile"
+
+
+def test_begin_builds_inductors_plain_fx_graph_in_the_calling_thread():
+    """A plain torch.fx trace patches nn.Module.__call__ process-wide while it runs; inductor
+    makes one (cached) during its first codegen. begin() makes it in the serving thread, so a
+    background compile never traces that way beside serving module calls."""
+    from torch._inductor.loop_body import InterpreterShim
+
+    InterpreterShim._dummy_gm.cache_clear()
+    m = GraphCaptureManager(lambda x: x + 1, {"x": torch.zeros(2, 2)}, (2,), backend="compile")
+    m.begin()
+    assert InterpreterShim._dummy_gm.cache_info().currsize == 1
+    m.release()
