@@ -231,14 +231,17 @@ class EagleDraftWorkerBase(ReloadMixin):
         """(step, static_inputs, pad_values) of one draft step of ``state``; subclasses define it."""
         raise NotImplementedError
 
+    def _new_manager(self, state: RuntimeState, backend: str) -> GraphCaptureManager:
+        """An uncaptured manager of ``state``'s step, counting into ``state.replays``."""
+        graph_step = self._graph_step(state, max(state.capture_sizes))
+        return GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
+                                   backend=backend, pad_values=graph_step.pad_values, counters=state.replays)
+
     def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
         """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
         if not state.capture_sizes or not self.captures_graphs:
             return state
-        graph_step = self._graph_step(state, max(state.capture_sizes))
-        manager = GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
-                                      backend=backend, pad_values=graph_step.pad_values,
-                                      counters=state.replays)
+        manager = self._new_manager(state, backend)
         start = time.perf_counter()
         manager.capture()
         old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
@@ -255,10 +258,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         `runtime.capture_queue`); until a size is ready its steps run eager ("not_ready")."""
         if not state.capture_sizes or not self.captures_graphs:
             return state
-        graph_step = self._graph_step(state, max(state.capture_sizes))
-        manager = GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
-                                      backend=backend, pad_values=graph_step.pad_values,
-                                      counters=state.replays)
+        manager = self._new_manager(state, backend)
         manager.begin()
         old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
         if old is not None:
