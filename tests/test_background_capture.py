@@ -39,6 +39,7 @@ def _same(got, want) -> bool:
 
 def test_steps_from_another_thread_equal_eager_while_graphs_publish():
     w, ref = _worker(_args()), _worker(_args())
+    w.capture_queue.max_wait_s = 0.0  # units back to back beside serving (not only when idle)
     w.capture_graphs("trace", background=True)
     assert not w.graphs_ready() and w.state.graphs.pending_sizes == SIZES
     errors: list[str] = []
@@ -167,3 +168,18 @@ def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     assert [engine.result(i) for i in ids] == reference()[6:10]
     assert engine.stats()["graph_replays"] > 0
     engine.close()
+
+
+def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all():
+    sizes = tuple(range(1, 9))  # back to back, 8 trace units take well under a second here
+    w = _worker(_args(sizes=sizes))
+    w.capture_queue.max_wait_s = 1.5
+    w.capture_graphs("trace", background=True)
+    inp = make_draft_input(1, 2)
+    start = time.perf_counter()
+    while time.perf_counter() - start < 4.0:  # busy: a step every few ms
+        w.draft_forward(inp)
+    done = len(w.state.graphs.captured_sizes)
+    assert 1 <= done <= 3 and w.capture_queue.pending() == 8 - done  # paced, not starved
+    assert w.wait_graphs(60)  # idle: the rest at once
+    assert w.state.graphs.captured_sizes == sizes
