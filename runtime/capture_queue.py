@@ -109,11 +109,6 @@ class CaptureQueue:
             self._prune()
             return sum(len(e.manager.pending_sizes) for e in self._entries)
 
-    def pending_for(self, state: RuntimeState) -> tuple[int, ...]:
-        """Sizes of ``state`` still pending."""
-        graphs = state.graphs
-        return tuple(graphs.pending_sizes) if graphs is not None else ()
-
     # ---- running -----------------------------------------------------------------------------
     def _prune(self) -> None:
         """Drop entries with nothing pending (done, or released: release clears the pending)."""

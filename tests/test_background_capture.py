@@ -161,6 +161,7 @@ def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     st = engine.startup()
     assert st["graphs_ready_s"] is not None and st["graphs_ready_s"] >= st["startup_s"]
     assert st["states"][0]["sizes_ready"] == [1, 2, 4] and st["capture_s"] > 0
+    assert (st["capture_units_run"], st["capture_units_failed"]) == (3, 0)
     assert (st["compile_s"] > 0) == (backend == "compile")
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[6:10]]
     while engine.has_work():

@@ -503,7 +503,7 @@ class SpecDecodeEngine:
         ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
         ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
-        failed) and ``eager_steps_by_reason``."""
+        failed), ``eager_steps_by_reason`` and the queued units run and failed so far."""
         states = self._states()
         queue = self.worker.capture_queue
         idle = queue.idle_since if queue.pending() == 0 else None
@@ -516,6 +516,7 @@ class SpecDecodeEngine:
             "compile_s": sum(s.compile_s for s in states),
             "states": [_describe_capture(s) for s in states],
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
+            "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
         }
 
     def _states(self) -> list[Any]:
