@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from draftgraph.runtime import (
     parse_tree_choices,
 )
 
+from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 
 __all__ = ["main", "build_args"]
@@ -128,7 +128,7 @@ def _bench() -> int:
     return subprocess.call([sys.executable, "-m", "scripts.bench_all"], cwd=root)
 
 
-def _simulate(ns: argparse.Namespace) -> int:
+def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     args = build_args(ns)
     adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
     if ns.reload_at is not None and not ns.reload_config:
@@ -142,12 +142,15 @@ def _simulate(ns: argparse.Namespace) -> int:
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
     with record_spans() as spans:
-        report = run_simulation(cfg, sighup=signal.SIGHUP)
+        report = run_simulation(cfg, sighup=None, reload_signal=reload_signal)
     report["spans"] = _span_summary(spans)
     if ns.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         _print_report(report)
+    if report["interrupted"]:  # Ctrl-C in the loop: the report above covers what finished
+        print("draftgraph: simulate interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -200,6 +203,12 @@ def _before_after_text(r: dict[str, Any]) -> str:
     return f"{fmt(before)} / {fmt(after)}"
 
 
+def _reloads_text(r: dict[str, Any]) -> str:
+    """Reload totals for the text report."""
+    return (f"{r['requested']} requested: {r['applied']} applied, {r['failed']} failed, "
+            f"{r['superseded']} superseded")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
@@ -215,9 +224,11 @@ def _print_report(r: dict[str, Any]) -> None:
             ("capture / compile (all states)", f"{r['capture_s']:.2f} s / {r['compile_s']:.2f} s"),
             ("eager steps by reason", r["eager_steps_by_reason"]),
             ("tokens/s before / after ready", _before_after_text(r)),
-            ("reloads", r["reloads"]),
+            ("reloads", _reloads_text(r["reloads"])),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
             ("spans", r["spans"])]
+    if r.get("interrupted"):
+        rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
     if "profile" in r:  # --profile DIR
         rows.append(("profile trace", f"{r['profile']['trace']} (open at https://ui.perfetto.dev)"))
     width = max(len(k) for k, _ in rows)
@@ -229,20 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
     ap = _parser()
     ns = ap.parse_args(argv)
+    # simulate and generate take SIGHUP from now (before the models load) until they return
+    serving = ns.cmd in ("simulate", "generate")
+    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd) if serving else None
     try:
+        if hup is not None:
+            hup.install()
         if ns.cmd == "info":
             return _info(ns)
         if ns.cmd == "generate":
             return _generate(ns)
         if ns.cmd == "bench":
             return _bench()
-        return _simulate(ns)
+        return _simulate(ns, hup)
     except (ValueError, TypeError, OSError) as exc:
         print(f"draftgraph: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT, no traceback
         print(f"draftgraph: {ns.cmd} interrupted", file=sys.stderr)
         return 130
+    finally:
+        if hup is not None:
+            hup.uninstall()
 
 
 if __name__ == "__main__":

@@ -83,6 +83,10 @@ class SpecDecodeEngine:
             raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
         self._check_spec(args)
         self.worker = self.drafter.worker
+        # one way in: every reload of this worker (ours, its own request_reload, a signal
+        # handler's) is taken at our step boundary and checked against our limits when asked
+        self.worker.attach_host("a SpecDecodeEngine")
+        self.worker.add_args_check(self._check_spec)
         self.capture = capture
         self._background = capture == "background" and backend != "eager"
         self._prepared: PreparedReload | None = None  # a reload waiting for its graphs
@@ -101,7 +105,6 @@ class SpecDecodeEngine:
         self._just_finished: list[int] = []  # ids that ended in the current step
         self._aborts: set[int] = set()  # applied at the next step boundary
         self._free = list(range(self.max_slots, 0, -1))
-        self._pending: tuple[RuntimeArgs, str] | None = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
         self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
@@ -139,32 +142,49 @@ class SpecDecodeEngine:
                                       coordinator=self.coordinator, background=self._background)
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
-        """Validate now; reload at the start of the next step (safe from a signal handler)."""
-        if not isinstance(new_args, RuntimeArgs):
-            raise TypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
-        self._check_spec(new_args)
-        if isinstance(self.drafter, MultiLayerDrafter) and not new_args.speculative.is_chain:
-            raise ValueError(f"speculative.topk={new_args.speculative.topk}: the multi-layer draft "
-                             f"drafts a chain (topk must be 1)")
+        """Check now, with every check construction runs (the drafter's limits, the engine's,
+        the memory budget): a reload that cannot be served raises ValueError / TypeError here
+        and nothing is left pending. Applied at the start of the next step (safe from a signal
+        handler); a newer request supersedes one not yet applied (counted and logged). The
+        worker's own `request_reload` (e.g. `install_reload_signal(engine.worker, ...)`) is
+        the same way in."""
+        self.worker.check_reload(new_args, policy)
         if self.coordinator is not None:
             self.coordinator.propose_reload(new_args, policy)
             return
-        self._pending = (new_args, policy)
+        self.worker.request_reload(new_args, policy)
 
-    def _apply_reload(self) -> None:
-        new_args, policy = self._pending
-        self._pending = None
+    def _take_reload(self) -> None:
+        """At the step boundary: apply the worker's pending reload request, or with several
+        ranks propose it to every rank."""
+        pending = self.worker.take_reload_request()
+        if pending is None:
+            return
+        if self.coordinator is None:
+            self._apply_reload(*pending)
+            return
+        log = self.worker.reload_log
+        try:
+            self.coordinator.propose_reload(*pending)
+        except Exception as exc:  # another proposal in flight: this one is not applied
+            log.record(pending[1], time.perf_counter(), ok=False, error=repr(exc))
+            self._reload_rejected(exc)
+        else:
+            log.requested -= 1  # the coordinator's prepare counts it again, on every rank
+
+    def _apply_reload(self, new_args: RuntimeArgs, policy: str) -> None:
         if self._background:
             self._prepare_reload(new_args, policy)
             return
         if self.controller is not None:
             self.controller.release()
         try:
-            self.worker.reload(new_args, policy)
+            prepared = self.worker.prepare_reload(new_args, policy, requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
+            self.controller = self._new_controller()
         else:
-            self._reload_done(new_args)
+            self._commit_reload(prepared)
 
     def _reload_rejected(self, exc: BaseException) -> None:
         logger.error("reload rejected, the previous state keeps serving: %s", exc)
@@ -180,12 +200,14 @@ class SpecDecodeEngine:
         """Background capture: build the new state with queued graphs; ``release_first`` swaps
         now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
         if self._prepared is not None:  # a newer request supersedes one still capturing
-            self.worker.discard_reload(self._prepared, "superseded by a newer reload request")
+            self.worker.discard_reload(self._prepared, f"superseded by a reload to {new_args.speculative}",
+                                       superseded=True)
             self._prepared = None
         if policy == "release_first" and self.controller is not None:
             self.controller.release()
         try:
-            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True)
+            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
+                                                  requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
             if policy == "release_first":
@@ -202,7 +224,7 @@ class SpecDecodeEngine:
         try:
             self.worker.commit_reload(prepared)
         except ReloadError as exc:
-            prepared.state.release()
+            self.worker.discard_reload(prepared, str(exc))
             self._reload_rejected(exc)
             self.controller = self._new_controller()
         else:
@@ -375,10 +397,17 @@ class SpecDecodeEngine:
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
         failed: take them with `pop_result`)."""
-        st = self._stats
-        self._just_finished = []
-        if self._pending is not None:
-            self._apply_reload()
+        slot = self.worker.slot
+        slot.enter_step()  # reloads of our worker may run in this thread, now
+        try:
+            return self._step()
+        finally:
+            slot.leave_step()
+
+    def _boundary(self) -> None:
+        """Between steps: reloads (requested, prepared, coordinated), step-boundary capture, and
+        the engine following whatever its worker now serves."""
+        self._take_reload()
         if self._prepared is not None:
             self._commit_prepared()
         queue = self.worker.capture_queue
@@ -386,12 +415,17 @@ class SpecDecodeEngine:
             self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
-            if self.worker.generation != self._generation_seen:  # a coordinated reload
-                self._generation_seen = self.worker.generation
-                self.args = self.worker.args
-                if self.controller is not None:
-                    self.controller.release()
-                self.controller = self._new_controller()
+        if self.worker.generation != self._generation_seen:  # reloaded outside _apply_reload
+            self._generation_seen = self.worker.generation
+            self.args = self.worker.args
+            if self.controller is not None:
+                self.controller.release()
+            self.controller = self._new_controller()
+
+    def _step(self) -> list[int]:
+        st = self._stats
+        self._just_finished = []
+        self._boundary()
         if self._aborts:
             self._apply_aborts()
         with st.timed("admit"):
@@ -491,6 +525,8 @@ class SpecDecodeEngine:
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    steps_per_state=dict(self.controller.steps_per_state) if self.controller else {},
                    state=self.worker.state.describe(), **self.startup())
+        # totals for the life of the worker, records of the latest reloads only
+        out["reloads"] = {**self.worker.reload_log.totals(), "recent": list(self._stats.reloads)}
         return out
 
     def close(self, timeout_s: float | None = 60.0) -> None:

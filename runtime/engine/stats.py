@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["EngineStats"]
 
+RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
 
 
@@ -26,7 +28,9 @@ class EngineStats:
     requests_failed: int = 0  # failed while admitted (their prefill raised)
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
-    reloads: list[dict] = field(default_factory=list)
+    # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in
+    # the worker's ReloadLog, for the life of the process
+    reloads: deque[dict] = field(default_factory=lambda: deque(maxlen=RECENT_RELOADS))
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -43,5 +47,6 @@ class EngineStats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        d["reloads"] = list(self.reloads)
         d["accept_length_mean"] = self.accept_length_mean
         return d
