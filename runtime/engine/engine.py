@@ -25,10 +25,12 @@ import torch
 
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
 from draftgraph.runtime.reload import PreparedReload
+from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
 from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
+from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .requests import Request, RequestFailed
 from .stats import EngineStats
@@ -43,6 +45,7 @@ DEFAULT_SLOTS = 16
 
 
 CAPTURE_MODES = ("background", "blocking")
+DEFAULT_WATCH = AcceptanceWatch()  # frozen: one shared default
 CUDA_CAPTURE_BUDGET_S = 0.05  # step-boundary capture time per step (CUDA units)
 
 
@@ -56,11 +59,16 @@ class SpecDecodeEngine:
     sizes first, then the adaptive candidates') and returns at once; steps run eager until
     their graph is ready, counted by reason. ``"blocking"``: every graph is captured before the
     constructor returns. A reload under background capture swaps when the new state's graphs
-    are ready (``swap``) or at once, serving eager meanwhile (``release_first``)."""
+    are ready (``swap``) or at once, serving eager meanwhile (``release_first``).
+
+    The engine serves a **copy** of ``draft`` (it owns the copy's cache): loading weights into the
+    model you passed changes nothing; use `update_draft_weights`. ``acceptance_watch``: when to
+    warn that the drafter stopped helping (`AcceptanceWatch`; None: never)."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
-                 capture: str = "background") -> None:
+                 capture: str = "background",
+                 acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH) -> None:
         self._t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -83,6 +91,9 @@ class SpecDecodeEngine:
             raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
         self._check_spec(args)
         self.worker = self.drafter.worker
+        worker_weights = getattr(self.worker, "weights", None)  # the eagle worker refits its model
+        self._weights = worker_weights if worker_weights is not None else WeightRefit(draft)
+        self._acceptance = AcceptanceMonitor(acceptance_watch) if acceptance_watch is not None else None
         # one way in: every reload of this worker (ours, its own request_reload, a signal
         # handler's) is taken at our step boundary and checked against our limits when asked
         self.worker.attach_host("a SpecDecodeEngine")
@@ -153,6 +164,16 @@ class SpecDecodeEngine:
             self.coordinator.propose_reload(new_args, policy)
             return
         self.worker.request_reload(new_args, policy)
+
+    def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
+        """Refit the draft: check every tensor of ``state_dict`` now (keys, shapes, dtypes,
+        devices, finite values: ValueError / TypeError naming the key, nothing changed), then
+        copy it **in place** into the engine's draft at the next step boundary, so parameter
+        addresses never move and every captured graph (trace, compile, CUDA) stays valid with no
+        recapture. Safe from another thread or a signal handler, like `request_reload`; requests
+        in flight keep going. ``strict=False`` updates a subset of the keys. Returns the weights
+        version the draft has once it is applied (``stats()["draft_weights"]``)."""
+        return self._weights.request(state_dict, strict)
 
     def _take_reload(self) -> None:
         """At the step boundary: apply the worker's pending reload request, or with several
@@ -405,8 +426,11 @@ class SpecDecodeEngine:
             slot.leave_step()
 
     def _boundary(self) -> None:
-        """Between steps: reloads (requested, prepared, coordinated), step-boundary capture, and
-        the engine following whatever its worker now serves."""
+        """Between steps: draft weights, reloads (requested, prepared, coordinated), step-boundary
+        capture, and the engine following whatever its worker now serves."""
+        if self._weights.pending:
+            with self.worker.slot.lock:
+                self._weights.apply_pending()
         self._take_reload()
         if self._prepared is not None:
             self._commit_prepared()
@@ -453,6 +477,8 @@ class SpecDecodeEngine:
         with st.timed("accept_commit"):
             acc = accept_greedy(tree, logits.argmax(-1))
             self._commit(reqs, acc)
+        if self._acceptance is not None:
+            self._acceptance.observe(sum(len(p) for p in acc.paths) / b, self._weights.version)
         with st.timed("extend"):
             alive = [i for i, r in enumerate(reqs) if not r.done]
             if alive:
@@ -527,6 +553,8 @@ class SpecDecodeEngine:
                    state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
         out["reloads"] = {**self.worker.reload_log.totals(), "recent": list(self._stats.reloads)}
+        out["draft_weights"] = self._weights.as_dict()
+        out["acceptance_watch"] = self._acceptance.as_dict() if self._acceptance is not None else None
         return out
 
     def close(self, timeout_s: float | None = 60.0) -> None:
