@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
 from draftgraph.runtime.reload import PreparedReload
 
@@ -30,6 +31,7 @@ from ..models.eagle_head import EagleDraftHead
 from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
+from .profile_windows import engine_step
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
@@ -103,6 +105,8 @@ class SpecDecodeEngine:
         self._free = list(range(self.max_slots, 0, -1))
         self._pending: tuple[RuntimeArgs, str] | None = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
+        self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
+        self.profiler: Any = None  # a StepProfiler (step_profiler.py) while one is attached
         self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
     def attach_coordinator(self, coordinator: Any) -> None:
@@ -371,16 +375,22 @@ class SpecDecodeEngine:
         self._just_finished.append(req.rid)
 
     # ---- the step ------------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`)."""
+        failed: take them with `pop_result`). A ``step`` range (profile_windows.py) holds one
+        range per stage of ``stats()["stage_s"]``."""
+        return engine_step(self, self._step)
+
+    @torch.no_grad()
+    def _step(self) -> list[int]:
         st = self._stats
         self._just_finished = []
         if self._pending is not None:
-            self._apply_reload()
-        if self._prepared is not None:
-            self._commit_prepared()
+            with span("apply_reload"):
+                self._apply_reload()
+        if self._prepared is not None and self._prepared.ready:
+            with span("commit_reload"):
+                self._commit_prepared()
         queue = self.worker.capture_queue
         if self._background and not queue.threaded and queue.pending():
             self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries

@@ -7,9 +7,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["EngineStats"]
+from draftgraph.graphs.spans import span
+
+__all__ = ["EngineStats", "STAGES"]
 
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
+"""The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
+profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
 
 
 @dataclass
@@ -30,9 +34,12 @@ class EngineStats:
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
+        """Add the body's wall time to ``stage_s[stage]``; the body is also a range named ``stage``
+        (profiler, NVTX, span tracer) when one listens."""
         start = time.perf_counter()
         try:
-            yield
+            with span(stage):
+                yield
         finally:
             self.stage_s[stage] += time.perf_counter() - start
 
