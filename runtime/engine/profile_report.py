@@ -110,15 +110,15 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 def write_stage_plot(steps: Sequence[dict[str, Any]], path: str) -> str | None:
     """Stacked stage ms per profiled step as an SVG at ``path``; None (logged) when matplotlib
-    (the ``plots`` extra) is missing or there is no step."""
+    (the ``bench`` extra) is missing or there is no step."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        logger.info("matplotlib is not installed (the plots extra): no %s", path)
+        logger.info("matplotlib is not installed (the bench extra): no %s", path)
         return None
     if not steps:
         return None
-    fig = Figure(figsize=(max(6.0, 0.25 * len(steps)), 3.5))
+    fig = Figure(figsize=(max(7.0, 1.5 + 0.25 * len(steps)), 3.5))
     ax = fig.add_subplot()
     xs = list(range(len(steps)))
     bottom = [0.0] * len(steps)
@@ -131,7 +131,7 @@ def write_stage_plot(steps: Sequence[dict[str, Any]], path: str) -> str | None:
     ax.set_xlabel("engine step")
     ax.set_ylabel("ms")
     ax.set_title("draftgraph: stage times per profiled step")
-    ax.legend(fontsize=7, ncol=4)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, format="svg")
     return path
