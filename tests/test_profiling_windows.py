@@ -262,3 +262,21 @@ def test_no_stage_plot_without_matplotlib(tmp_path, monkeypatch, nvtx_off) -> No
             eng.step()
     assert summary["stages_svg"] is None and not (tmp_path / "stages.svg").exists()
     assert summary["ranges"]["step"]["calls"] == 2
+
+
+def test_a_reload_is_a_range_inside_its_step(tmp_path, nvtx_off) -> None:
+    eng = _engine()
+    new = RuntimeArgs(SpeculativeConfig(2, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)),
+                      max_running_requests=4)
+    with profile_steps(eng, tmp_path, spans_only=True):
+        eng.step()
+        eng.request_reload(new)
+        eng.step()
+    ranges = _ranges(tmp_path / "trace.json")
+    steps = [e for e in ranges if e["name"].startswith("step[")]
+    assert [_step_index(e["name"]) for e in steps] == [0, 1]
+    assert "apply_reload" not in _inside(steps[0], ranges)
+    assert "apply_reload" in _inside(steps[1], ranges)
+    applied = next(e for e in ranges if e["name"] == "apply_reload")
+    assert "reload" in _inside(applied, ranges)
+    assert eng.worker.spec.num_steps == 2

@@ -14,6 +14,7 @@ from `step` with nothing half-committed; the next step serves the same requests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -388,8 +389,8 @@ class SpecDecodeEngine:
         if self._pending is not None:
             with span("apply_reload"):
                 self._apply_reload()
-        if self._prepared is not None and self._prepared.ready:
-            with span("commit_reload"):
+        if self._prepared is not None:
+            with span("commit_reload") if self._prepared.ready else contextlib.nullcontext():
                 self._commit_prepared()
         queue = self.worker.capture_queue
         if self._background and not queue.threaded and queue.pending():
