@@ -280,3 +280,15 @@ def test_a_reload_is_a_range_inside_its_step(tmp_path, nvtx_off) -> None:
     applied = next(e for e in ranges if e["name"] == "apply_reload")
     assert "reload" in _inside(applied, ranges)
     assert eng.worker.spec.num_steps == 2
+
+
+def test_a_profiler_attached_mid_window_records_the_rest(tmp_path, nvtx_off) -> None:
+    eng = _engine()
+    eng.step()
+    eng.step()
+    with profile_steps(eng, tmp_path, [(0, 3), (5, 5)], spans_only=True) as summary:
+        for _ in range(5):
+            eng.step()
+    steps = [e for e in _ranges(tmp_path / "trace.json") if e["name"].startswith("step[")]
+    assert [_step_index(e["name"]) for e in steps] == [2, 3, 5]
+    assert summary["steps_recorded"] == 3

@@ -50,8 +50,6 @@ class StepProfiler:
         self.windows = (ALL_STEPS,) if windows is None else check_windows(windows)
         self.spans_only = bool(spans_only)
         self.cuda_profiler = torch.cuda.is_available() if cuda_profiler is None else bool(cuda_profiler)
-        self._starts = {a for a, _ in self.windows}
-        self._ends = {b for _, b in self.windows}
         self._stack: contextlib.ExitStack | None = None
         self._window_events: list[dict[str, Any]] = []  # the span tracer's, in a spans-only window
         self._window_records: list[tuple[str, dict[str, Any]]] = []  # spans seen by the torch profiler
@@ -72,15 +70,16 @@ class StepProfiler:
         return self._stack is not None
 
     def before_step(self, index: int) -> None:
-        """Open a window when step ``index`` starts one."""
-        if index in self._starts and not self._closed and self._stack is None:
+        """Open a window when step ``index`` lies in one (its first step, or a later one when
+        the profiler was attached mid-window)."""
+        if self._stack is None and not self._closed and any(a <= index <= b for a, b in self.windows):
             self._start()
         if self._stack is not None:
             self._steps_recorded += 1
 
     def after_step(self, index: int) -> None:
         """Close the window when step ``index`` ends one."""
-        if index in self._ends and self._stack is not None:
+        if self._stack is not None and any(index == b for _, b in self.windows):
             self._stop()
 
     def _start(self) -> None:
@@ -140,6 +139,7 @@ class StepProfiler:
         if self._meta.get("windows"):
             first = self._meta["windows"][0]
             doc.update({k: v for k, v in first.items() if k not in doc})
+            doc["traceName"] = path  # not the first window's temporary file
         with open(path, "w") as f:
             json.dump(doc, f)
         ranges = trace_ranges(self._events, None if self.spans_only else self._labels)
