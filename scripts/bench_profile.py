@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10, help="steps per window (2 more are timed out)")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=12, help="steps per window (2 more are timed out)")
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.steps = 2, 6
