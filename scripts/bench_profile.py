@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=12, help="steps per window (2 more are timed out)")
+    p.add_argument("--steps", type=int, default=12, help="steps per window (its first and last are not timed)")
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.steps = 2, 6
