@@ -27,6 +27,8 @@ from draftgraph.runtime import (
     parse_tree_choices,
 )
 
+from .profile_report import format_table
+from .profile_windows import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 
@@ -71,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes, gloo)")
     sim.add_argument("--poll-every", type=int, default=8, help="coordinator poll period (ranks)")
     sim.add_argument("--profile", default=None, metavar="DIR", help="write a torch-profiler trace")
+    sim.add_argument("--profile-steps", default=None, type=_profile_steps, metavar="A-B[,C-D]",
+                     help="profile only engine steps A..B (inclusive, from 0); also drives "
+                          "cudaProfilerStart/Stop on a GPU")
+    sim.add_argument("--profile-spans-only", action="store_true",
+                     help="with --profile: draftgraph's ranges only, no aten ops (a few KB per step)")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
     _spec_flags(gen)
@@ -79,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     _spec_flags(info)
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     return ap
+
+
+def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
+    """argparse type of --profile-steps: a bad value exits 2 naming the flag, value and rule."""
+    try:
+        return parse_profile_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _info(ns: argparse.Namespace) -> int:
@@ -137,7 +152,8 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
-                           profile_dir=ns.profile, progress=not ns.json and ns.world_size == 1,
+                           profile_dir=ns.profile, profile_steps=ns.profile_steps,
+                           profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture)
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
@@ -229,11 +245,18 @@ def _print_report(r: dict[str, Any]) -> None:
             ("spans", r["spans"])]
     if r.get("interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
-    if "profile" in r:  # --profile DIR
-        rows.append(("profile trace", f"{r['profile']['trace']} (open at https://ui.perfetto.dev)"))
+    prof = r.get("profile") or {}
+    if "trace" in prof:  # --profile DIR
+        rows.append(("profile trace", f"{prof['trace']} ({prof['trace_bytes'] / 1e3:.0f} KB, "
+                                      f"{prof['steps_recorded']} steps; open at https://ui.perfetto.dev)"))
+        if prof.get("stages_svg"):
+            rows.append(("stage plot", prof["stages_svg"]))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if prof.get("ranges"):
+        print(f"\nprofiled ranges (steps {prof['windows']}):")
+        print(format_table(prof["ranges"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from `step` with nothing half-committed; the next step serves the same requests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
 from draftgraph.runtime.reload import PreparedReload
 from draftgraph.runtime.weights import WeightRefit
@@ -32,6 +34,7 @@ from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
+from .profile_windows import engine_step
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
@@ -117,6 +120,8 @@ class SpecDecodeEngine:
         self._aborts: set[int] = set()  # applied at the next step boundary
         self._free = list(range(self.max_slots, 0, -1))
         self.served: list[int] = []  # generation served at every step (with a coordinator)
+        self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
+        self.profiler: Any = None  # a StepProfiler (step_profiler.py) while one is attached
         self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
     def attach_coordinator(self, coordinator: Any) -> None:
@@ -182,7 +187,8 @@ class SpecDecodeEngine:
         if pending is None:
             return
         if self.coordinator is None:
-            self._apply_reload(*pending)
+            with span("apply_reload"):
+                self._apply_reload(*pending)
             return
         log = self.worker.reload_log
         try:
@@ -414,14 +420,14 @@ class SpecDecodeEngine:
         self._just_finished.append(req.rid)
 
     # ---- the step ------------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`)."""
+        failed: take them with `pop_result`). A ``step`` range (profile_windows.py) holds one
+        range per stage of ``stats()["stage_s"]``."""
         slot = self.worker.slot
         slot.enter_step()  # reloads of our worker may run in this thread, now
         try:
-            return self._step()
+            return engine_step(self, self._step)
         finally:
             slot.leave_step()
 
@@ -429,11 +435,12 @@ class SpecDecodeEngine:
         """Between steps: draft weights, reloads (requested, prepared, coordinated), step-boundary
         capture, and the engine following whatever its worker now serves."""
         if self._weights.pending:
-            with self.worker.slot.lock:
+            with self.worker.slot.lock, span("update_draft_weights"):
                 self._weights.apply_pending()
         self._take_reload()
         if self._prepared is not None:
-            self._commit_prepared()
+            with span("commit_reload") if self._prepared.ready else contextlib.nullcontext():
+                self._commit_prepared()
         queue = self.worker.capture_queue
         if self._background and not queue.threaded and queue.pending():
             self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
@@ -446,6 +453,7 @@ class SpecDecodeEngine:
                 self.controller.release()
             self.controller = self._new_controller()
 
+    @torch.no_grad()
     def _step(self) -> list[int]:
         st = self._stats
         self._just_finished = []

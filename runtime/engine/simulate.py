@@ -21,9 +21,9 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from .engine import SpecDecodeEngine
-from .profiling import profiled
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
+from .step_profiler import profile_steps
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -48,6 +48,8 @@ class SimulationConfig:
     reload_config: str | None = None
     greedy: bool = True
     profile_dir: str | None = None
+    profile_steps: tuple[tuple[int, int], ...] | None = None  # windows of engine steps (None: all)
+    profile_spans_only: bool = False
     progress: bool = True
     poll_every: int = 8
     capture: str = "background"
@@ -57,6 +59,8 @@ class SimulationConfig:
             raise ValueError(f"requests={self.requests}: must be >= 1")
         if not 0.0 < self.arrival:
             raise ValueError(f"arrival={self.arrival}: must be > 0 (requests per step)")
+        if self.profile_spans_only and self.profile_dir is None:
+            raise ValueError("--profile-spans-only: needs --profile DIR (the trace's folder)")
 
 
 def _rss_mib() -> float:
@@ -149,7 +153,9 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     start = time.perf_counter()
     interrupted, prof = False, None
     try:
-        with profiled(cfg.profile_dir) if cfg.profile_dir else contextlib.nullcontext(None) as prof:
+        profiling = cfg.profile_dir is not None or cfg.profile_steps is not None
+        with profile_steps(engine, cfg.profile_dir, cfg.profile_steps, cfg.profile_spans_only) \
+                if profiling else contextlib.nullcontext(None) as prof:
             while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
                 while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
                     ids.append(engine.add_request(prompts[nxt], max_new[nxt]))

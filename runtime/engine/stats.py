@@ -8,10 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["EngineStats"]
+from draftgraph.graphs.spans import span
+
+__all__ = ["EngineStats", "STAGES"]
 
 RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
+"""The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
+profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
 
 
 @dataclass
@@ -34,9 +38,12 @@ class EngineStats:
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
+        """Add the body's wall time to ``stage_s[stage]``; the body is also a range named ``stage``
+        (profiler, NVTX, span tracer) when one listens."""
         start = time.perf_counter()
         try:
-            yield
+            with span(stage):
+                yield
         finally:
             self.stage_s[stage] += time.perf_counter() - start
 
