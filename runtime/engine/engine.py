@@ -302,6 +302,11 @@ class SpecDecodeEngine:
     def has_work(self) -> bool:
         return bool(self._waiting or self.running)
 
+    def next_batch_size(self) -> int:
+        """The batch the next step would serve if no request ends or is aborted before it: the
+        running requests plus the waiting ones admission has free slots for."""
+        return len(self.running) + min(len(self._waiting), len(self._free))
+
     def result(self, rid: int) -> list[int]:
         """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
         RequestFailed for a failed request, KeyError for an unknown or taken id."""

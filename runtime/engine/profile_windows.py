@@ -59,7 +59,7 @@ def step_attrs(engine: Any, index: int) -> dict[str, Any]:
     (running requests plus those admission can take), the active state's S / topk / N, and
     ``graph`` when that state has a ready graph for the batch, else ``eager``."""
     spec = engine.worker.spec
-    bs = len(engine.running) + min(len(engine._waiting), len(engine._free))
+    bs = engine.next_batch_size()
     graphs = engine.worker.state.graphs
     mode = "eager"
     if graphs is not None and bs:
