@@ -21,13 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import DEFAULT_MAX_STATE_BYTES, CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .schedule import SpeculationSchedule
 from .validation import ConfigTypeError
 
 __all__ = ["load_runtime_args", "runtime_args_from_dict", "install_reload_signal"]
 
 logger = logging.getLogger(__name__)
 
-_TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device", "max_state_bytes")
+_TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device", "max_state_bytes", "schedule")
 _SPEC = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
 _PHASE = ("max_bs", "bs", "disabled")
 
@@ -94,6 +95,7 @@ def runtime_args_from_dict(data: Any) -> RuntimeArgs:
         max_running_requests=data.get("max_running_requests"),
         device=data.get("device", "cpu"),
         max_state_bytes=data.get("max_state_bytes", DEFAULT_MAX_STATE_BYTES),
+        schedule=SpeculationSchedule.from_data(data["schedule"]) if data.get("schedule") is not None else None,
     )
 
 

@@ -230,13 +230,15 @@ class RuntimeArgs:
     ``max_state_bytes``: the most bytes a worker may allocate for one state (topology buffers,
     static graph inputs and outputs; estimated before allocating, see
     `draftgraph.runtime.budget`), default ``DEFAULT_MAX_STATE_BYTES`` (1 GiB); raise it to
-    serve larger configurations."""
+    serve larger configurations. ``schedule``: a `SpeculationSchedule` (S by batch size, for
+    the engine; a worker serves ``speculative`` and ignores it)."""
 
     speculative: SpeculativeConfig
     cuda_graph_config: CudaGraphConfig | None = None
     max_running_requests: int | None = None
     device: str = "cpu"
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+    schedule: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative, SpeculativeConfig):
@@ -249,6 +251,10 @@ class RuntimeArgs:
             )
         require_optional_positive_int("max_running_requests", self.max_running_requests)
         require_positive_int("max_state_bytes", self.max_state_bytes)
+        if self.schedule is not None:
+            from .schedule import SpeculationSchedule  # that module imports this one
+            if not isinstance(self.schedule, SpeculationSchedule):
+                raise ConfigTypeError(f"schedule={self.schedule!r}: must be a SpeculationSchedule or None")
         try:
             dev = torch.device(self.device)
         except (RuntimeError, TypeError) as exc:

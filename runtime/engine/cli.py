@@ -26,6 +26,7 @@ from draftgraph.runtime import (
     chain_capacity,
     parse_tree_choices,
 )
+from draftgraph.runtime.schedule import SpeculationSchedule
 
 from .profile_report import format_table
 from .profile_windows import parse_profile_steps
@@ -47,14 +48,18 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                    help="capture graphs off the serving path (default) or before serving")
     p.add_argument("--draft", default="eagle", choices=["eagle", "multi_layer"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedule", default=None, metavar="B:S,...",
+                   help='S by batch size, e.g. "1:5,4:3,16:1,32:0" (0: no speculation; "1:3|4|5": '
+                        'candidates of one band); replaces --adaptive')
 
 
 def build_args(ns: argparse.Namespace) -> RuntimeArgs:
     """RuntimeArgs from the spec flags (validated: errors name the field)."""
     choices = parse_tree_choices(ns.tree_choices) if ns.tree_choices else None
     spec = SpeculativeConfig(ns.num_steps, ns.topk, ns.num_draft_tokens, tree_choices=choices)
+    schedule = SpeculationSchedule.parse(ns.schedule) if ns.schedule else None
     return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=ns.max_bs)),
-                       max_running_requests=ns.max_running)
+                       max_running_requests=ns.max_running, schedule=schedule)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,6 +112,12 @@ def _info(ns: argparse.Namespace) -> int:
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
            "inductor_cache_dir": str(inductor_cache_dir())}
+    if args.schedule is not None:  # which state owns which capture sizes
+        from .scheduling import band_capture_sizes
+        grid = out["capture_sizes"]
+        out["schedule"] = [{"band": b.label(), "steps": list(b.steps),
+                            "capture_sizes": [] if b.off else band_capture_sizes(grid, b)}
+                           for b in args.schedule.bands]
     print(json.dumps(out, indent=2))
     return 0
 
@@ -146,6 +157,8 @@ def _bench() -> int:
 def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     args = build_args(ns)
     adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
+    if args.schedule is not None:
+        adaptive = ()  # a schedule's bands carry their own candidates
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
     cfg = SimulationConfig(args=args, draft=ns.draft, backend=ns.backend, seed=ns.seed,
@@ -243,6 +256,11 @@ def _print_report(r: dict[str, Any]) -> None:
             ("reloads", _reloads_text(r["reloads"])),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
             ("spans", r["spans"])]
+    if r.get("schedule"):
+        sch = r["schedule"]
+        served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
+        rows.insert(9, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
+                                                     f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
     if r.get("interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
     prof = r.get("profile") or {}

@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs import capture_batch_sizes
 from draftgraph.graphs.spans import span
-from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
+from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, VerifyTree, build_tree
 from draftgraph.runtime.reload import PreparedReload
+from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
@@ -36,6 +38,7 @@ from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .profile_windows import engine_step
 from .requests import Request, RequestFailed
+from .scheduling import BandScheduler, check_schedule
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
 
@@ -66,12 +69,18 @@ class SpecDecodeEngine:
 
     The engine serves a **copy** of ``draft`` (it owns the copy's cache): loading weights into the
     model you passed changes nothing; use `update_draft_weights`. ``acceptance_watch``: when to
-    warn that the drafter stopped helping (`AcceptanceWatch`; None: never)."""
+    warn that the drafter stopped helping (`AcceptanceWatch`; None: never).
+
+    ``schedule`` (a `SpeculationSchedule`, its text form, or ``args.schedule``): S follows the
+    batch size, 0 meaning a plain target decode; each band's candidates are chosen by its own
+    adaptive controller (give candidates per band, ``"1:3|4|5"``, instead of ``adaptive_steps``),
+    and each band's states capture only the batch sizes it can reach."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
                  capture: str = "background",
-                 acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH) -> None:
+                 acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
+                 schedule: SpeculationSchedule | str | None = None) -> None:
         self._t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -101,15 +110,30 @@ class SpecDecodeEngine:
         # handler's) is taken at our step boundary and checked against our limits when asked
         self.worker.attach_host("a SpecDecodeEngine")
         self.worker.add_args_check(self._check_spec)
+        if isinstance(schedule, str):
+            schedule = SpeculationSchedule.parse(schedule)
+        self._schedule: SpeculationSchedule | None = schedule if schedule is not None else args.schedule
+        if self._schedule is not None:
+            if adaptive_steps:
+                raise ValueError(f"adaptive_steps={list(adaptive_steps)} and schedule="
+                                 f"{self._schedule.text()!r}: give the candidates per band in the "
+                                 f"schedule (\"1:3|4|5\") instead")
+            self._check_schedule(args)
+            self.worker.add_args_check(self._check_schedule)
         self.capture = capture
         self._background = capture == "background" and backend != "eager"
         self._prepared: PreparedReload | None = None  # a reload waiting for its graphs
         if backend != "eager":
-            self.worker.capture_graphs(backend, background=self._background)
+            if self._schedule is None:
+                self.worker.capture_graphs(backend, background=self._background)
+            else:  # the band states capture their own sizes; the active state none
+                self.worker.graph_backend = backend
         self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
         self.coordinator: Any = None
         self._generation_seen = self.worker.generation
-        self.controller: AdaptiveStepController | None = self._new_controller()
+        self.controller: AdaptiveStepController | None = None
+        self.scheduler: BandScheduler | None = None
+        self._rebuild_adaptive()
         self._stats = EngineStats()
         self._next_id = 0
         self._waiting: deque[Request] = deque()
@@ -128,9 +152,8 @@ class SpecDecodeEngine:
         """Serve under a `RankCoordinator` (several ranks): its `step()` runs at every step
         boundary, reloads are proposed through it and adaptive switches take rank 0's choice."""
         self.coordinator = coordinator
-        if self.controller is not None:
-            self.controller.release()
-        self.controller = self._new_controller()
+        self._release_adaptive()
+        self._rebuild_adaptive()
 
     # ---- configuration -----------------------------------------------------------------------
     def _check_spec(self, args: RuntimeArgs) -> None:
@@ -140,6 +163,35 @@ class SpecDecodeEngine:
         if spec.num_draft_tokens > MAX_VERIFY_WIDTH:
             raise ValueError(f"speculative.num_draft_tokens={spec.num_draft_tokens}: the engine "
                              f"verifies at most {MAX_VERIFY_WIDTH} tokens per request")
+
+    def _check_schedule(self, args: RuntimeArgs) -> None:
+        """The schedule served under ``args`` (its own, else the engine's) must fit its spec and
+        the drafter: ValueError naming the band and the rule."""
+        schedule = args.schedule or self._schedule
+        if schedule is not None:
+            layers = getattr(getattr(self.drafter, "draft_model", None), "max_steps", None)
+            check_schedule(schedule, args.speculative, layers)
+
+    def _release_adaptive(self) -> None:
+        """Release the adaptive controller's or the schedule's states not active now."""
+        if self.controller is not None:
+            self.controller.release()
+        if self.scheduler is not None:
+            self.scheduler.release()
+
+    def _rebuild_adaptive(self) -> None:
+        """A controller (adaptive_steps) or a band scheduler (schedule) for what the worker
+        serves now (after construction, a reload, a coordinator attached)."""
+        if self.args.schedule is not None:
+            self._schedule = self.args.schedule
+        if self._schedule is None:
+            self.controller = self._new_controller()
+            return
+        grid = capture_batch_sizes(self.args.decode, limit=self.args.max_running_requests) \
+            if self.args.decode.max_bs is not None or self.args.decode.bs is not None else []
+        self.scheduler = BandScheduler(self.worker, self._schedule, grid,
+                                       None if self.backend == "eager" else self.backend,
+                                       background=self._background, coordinator=self.coordinator)
 
     def _new_controller(self) -> AdaptiveStepController | None:
         if not self._adaptive_steps:
@@ -203,13 +255,12 @@ class SpecDecodeEngine:
         if self._background:
             self._prepare_reload(new_args, policy)
             return
-        if self.controller is not None:
-            self.controller.release()
+        self._release_adaptive()
         try:
             prepared = self.worker.prepare_reload(new_args, policy, requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
-            self.controller = self._new_controller()
+            self._rebuild_adaptive()
         else:
             self._commit_reload(prepared)
 
@@ -221,7 +272,7 @@ class SpecDecodeEngine:
         self.args = new_args
         self._generation_seen = self.worker.generation
         self._stats.reloads.append({"ok": True, "step": self._stats.steps, **self.worker.reload_history[-1]})
-        self.controller = self._new_controller()
+        self._rebuild_adaptive()
 
     def _prepare_reload(self, new_args: RuntimeArgs, policy: str) -> None:
         """Background capture: build the new state with queued graphs; ``release_first`` swaps
@@ -230,15 +281,15 @@ class SpecDecodeEngine:
             self.worker.discard_reload(self._prepared, f"superseded by a reload to {new_args.speculative}",
                                        superseded=True)
             self._prepared = None
-        if policy == "release_first" and self.controller is not None:
-            self.controller.release()
+        if policy == "release_first":
+            self._release_adaptive()
         try:
             prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
                                                   requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
             if policy == "release_first":
-                self.controller = self._new_controller()
+                self._rebuild_adaptive()
             return
         if policy == "release_first":
             self._commit_reload(prepared)
@@ -246,14 +297,13 @@ class SpecDecodeEngine:
             self._prepared = prepared
 
     def _commit_reload(self, prepared: PreparedReload) -> None:
-        if self.controller is not None:
-            self.controller.release()
+        self._release_adaptive()
         try:
             self.worker.commit_reload(prepared)
         except ReloadError as exc:
             self.worker.discard_reload(prepared, str(exc))
             self._reload_rejected(exc)
-            self.controller = self._new_controller()
+            self._rebuild_adaptive()
         else:
             self._reload_done(prepared.args)
 
@@ -454,9 +504,8 @@ class SpecDecodeEngine:
         if self.worker.generation != self._generation_seen:  # reloaded outside _apply_reload
             self._generation_seen = self.worker.generation
             self.args = self.worker.args
-            if self.controller is not None:
-                self.controller.release()
-            self.controller = self._new_controller()
+            self._release_adaptive()
+            self._rebuild_adaptive()
 
     @torch.no_grad()
     def _step(self) -> list[int]:
@@ -471,16 +520,19 @@ class SpecDecodeEngine:
         if not reqs:
             return sorted(self._just_finished)
         st.steps += 1
+        # a schedule's band at S=0: a plain target decode, one token per request
+        off = self.scheduler is not None and self.scheduler.begin_step(len(reqs)) == 0
         spec = self.worker.spec
-        b, n = len(reqs), spec.num_draft_tokens
+        b, n = len(reqs), 1 if off else spec.num_draft_tokens
         dev = self.cache.k[0].device
-        with st.timed("draft"):
-            parent_list, top_idx, draft_tokens = self.drafter.draft(reqs)
+        if not off:
+            with st.timed("draft"):
+                parent_list, top_idx, draft_tokens = self.drafter.draft(reqs)
         with st.timed("build_tree"):
             lens = torch.tensor([r.seq_len for r in reqs], device=dev)
             bonus = torch.tensor([r.bonus for r in reqs], device=dev)
-            tree = build_tree(bonus, parent_list, top_idx, draft_tokens, lens, spec.layout_topk,
-                              spec.num_steps, n)
+            tree = _root_only_tree(bonus, lens) if off else build_tree(
+                bonus, parent_list, top_idx, draft_tokens, lens, spec.layout_topk, spec.num_steps, n)
         with st.timed("verify"):
             slots = torch.tensor([r.slot for r in reqs], device=dev)
             write = lens[:, None] + torch.arange(n, device=dev)[None]
@@ -490,7 +542,7 @@ class SpecDecodeEngine:
         with st.timed("accept_commit"):
             acc = accept_greedy(tree, logits.argmax(-1))
             self._commit(reqs, acc)
-        if self._acceptance is not None:
+        if self._acceptance is not None and not off:
             self._acceptance.observe(sum(len(p) for p in acc.paths) / b, self._weights.version)
         with st.timed("extend"):
             alive = [i for i, r in enumerate(reqs) if not r.done]
@@ -506,6 +558,9 @@ class SpecDecodeEngine:
         if self.controller is not None:
             with st.timed("adapt"):
                 self.controller.step(sum(len(p) - 1 for p in acc.paths) / b)
+        elif self.scheduler is not None and not off:
+            with st.timed("adapt"):
+                self.scheduler.observe(sum(len(p) - 1 for p in acc.paths) / b)
         return sorted(self._just_finished)
 
     def _commit(self, reqs: list[Request], acc: Any) -> None:
@@ -563,6 +618,7 @@ class SpecDecodeEngine:
                    eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    steps_per_state=dict(self.controller.steps_per_state) if self.controller else {},
+                   schedule=self.scheduler.as_dict() if self.scheduler is not None else None,
                    state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
         out["reloads"] = {**self.worker.reload_log.totals(), "recent": list(self._stats.reloads)}
@@ -601,6 +657,8 @@ class SpecDecodeEngine:
         found = [self.worker.state]
         if self.controller is not None:
             found += list(self.controller.states.values())
+        if self.scheduler is not None:
+            found += self.scheduler.states()
         if self._prepared is not None:
             found.append(self._prepared.state)
         out: list[Any] = []
@@ -608,6 +666,16 @@ class SpecDecodeEngine:
             if all(s is not o for o in out):
                 out.append(s)
         return out
+
+
+def _root_only_tree(bonus: torch.Tensor, lens: torch.Tensor) -> VerifyTree:
+    """The verify tree of a step without speculation: each request's bonus token alone (N=1)."""
+    b = bonus.shape[0]
+    none = torch.full((b, 1), -1, dtype=torch.long, device=bonus.device)
+    return VerifyTree(tokens=bonus.clone(), positions=lens.clone(), parents=none,
+                      tree_mask=torch.ones(b, 1, 1, dtype=torch.bool, device=bonus.device),
+                      retrieve_index=torch.arange(b, device=bonus.device)[:, None],
+                      retrieve_next_token=none, retrieve_next_sibling=none)
 
 
 def _describe_capture(state: Any) -> dict[str, Any]:

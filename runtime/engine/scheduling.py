@@ -1,0 +1,141 @@
+"""The engine's side of a `SpeculationSchedule`: which band and which S serve each step.
+
+Per band with speculation on, one state per candidate S, each capturing only the batch sizes its
+band can reach (`band_capture_sizes`), and an `AdaptiveStepController` over those states that
+picks among the band's candidates from the acceptance it observes in that band. A band at S=0
+has no state: its steps are plain target decodes (the engine's `_step` builds a one-node tree),
+and the drafter still extends over every committed token, so speculation resumes where it left.
+
+Under a `RankCoordinator` the (band, S) pair is the coordinator's shared choice (the leader's
+as of the latest poll), so every rank serves the same state at the same step whatever its own
+batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from draftgraph.graphs.spans import span
+from draftgraph.runtime import AdaptiveStepController, SpeculativeConfig
+from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
+
+__all__ = ["BandScheduler", "band_capture_sizes", "check_schedule"]
+
+_CODE = 1000  # a shared choice encodes band * _CODE + S (S <= 64)
+
+
+def band_capture_sizes(grid: Sequence[int], band: ScheduleBand) -> list[int]:
+    """The capture sizes a band can reach: the grid's sizes within [min_bs, max_bs] and the
+    smallest one above max_bs when max_bs itself is not captured (its padded size)."""
+    lo, hi = band.min_bs, band.max_bs
+    inside = [g for g in grid if g >= lo and (hi is None or g <= hi)]
+    if hi is not None and hi not in inside:
+        above = [g for g in grid if g > hi]
+        if above:
+            inside.append(above[0])
+    return sorted(set(inside))
+
+
+def check_schedule(schedule: SpeculationSchedule, spec: SpeculativeConfig, max_steps: int | None) -> None:
+    """Every S of every band must be servable with ``spec``'s topk / N / topology: ValueError
+    naming the band and the rule. ``max_steps``: the drafter's limit (a multi-layer draft's
+    layers), None for none."""
+    for i, band in enumerate(schedule.bands):
+        where = f"schedule band {i} ({band.label()})"
+        for s in band.steps:
+            if s == 0:
+                continue
+            if max_steps is not None and s > max_steps:
+                raise ValueError(f"{where}: S={s}: the multi-layer draft has {max_steps} layers (S <= {max_steps})")
+            if spec.tree_choices is not None and s != spec.num_steps:
+                raise ValueError(f"{where}: S={s}: a static tree's depth is fixed at {spec.num_steps}; "
+                                 f"change its topology through a reload, not the schedule")
+            try:
+                SpeculativeConfig(s, spec.topk, None if spec.is_chain else spec.num_draft_tokens)
+            except ValueError as exc:
+                raise ValueError(f"{where}: S={s} with topk={spec.topk}, "
+                                 f"num_draft_tokens={spec.num_draft_tokens}: {exc}") from None
+
+
+class BandScheduler:
+    """Band states and controllers of one schedule on one worker (see the module docstring)."""
+
+    def __init__(self, worker: Any, schedule: SpeculationSchedule, grid: Sequence[int], backend: str | None,
+                 background: bool = False, coordinator: Any = None) -> None:
+        self.worker = worker
+        self.schedule = schedule
+        self.bands = schedule.bands
+        self.coordinator = coordinator
+        spec = worker.spec
+        self.controllers: list[AdaptiveStepController | None] = []
+        self.sizes: list[list[int]] = []
+        for band in self.bands:
+            sizes = band_capture_sizes(grid, band) if backend is not None and not band.off else []
+            self.sizes.append(sizes)
+            if band.off:
+                self.controllers.append(None)
+                continue
+            cands: list[Any] = list(band.steps) if spec.is_chain else [(s, spec.num_draft_tokens) for s in band.steps]
+            self.controllers.append(AdaptiveStepController(
+                worker, cands, capture_bs=sizes, backend=backend or "auto", background=background))
+        self.band: int | None = None
+        self.s = 0
+        self.served = [0] * len(self.bands)
+        self.band_switches = 0
+        self.steps = 0
+        self.steps_per_state: dict[str, int] = {}
+
+    def _local(self, batch_size: int) -> tuple[int, int]:
+        band = self.schedule.band_index(batch_size, self.band)
+        ctrl = self.controllers[band]
+        return band, (ctrl.choose() if ctrl is not None else 0)
+
+    def begin_step(self, batch_size: int) -> int:
+        """Take this step's band and S (0: speculation off) and make its state active."""
+        band, s = self._local(batch_size)
+        if self.coordinator is not None:
+            first = self.controllers[0]
+            initial = first.choose() if first is not None else 0
+            band, s = divmod(self.coordinator.shared_choice(band * _CODE + s, initial=initial), _CODE)
+        if self.band is not None and band != self.band:
+            self.band_switches += 1
+        self.band, self.s = band, s
+        self.steps += 1
+        self.served[band] += 1
+        key = f"{self.bands[band].label()}:S={s}"
+        self.steps_per_state[key] = self.steps_per_state.get(key, 0) + 1
+        ctrl = self.controllers[band]
+        if ctrl is not None:
+            state = ctrl.states[s]
+            if self.worker.state is not state:
+                with span("adaptive_switch", num_steps=s):
+                    self.worker.apply_runtime_state(state)
+        return s
+
+    def observe(self, accepted_tokens: float) -> None:
+        """Feed the band served this step its acceptance (accepted draft tokens per request)."""
+        ctrl = self.controllers[self.band] if self.band is not None else None
+        if ctrl is not None and self.s > 0:
+            ctrl.observe(accepted_tokens)
+
+    def states(self) -> list[Any]:
+        """Every band state (for the start-up figures)."""
+        return [st for c in self.controllers if c is not None for st in c.states.values()]
+
+    def release(self) -> None:
+        """Release every band state not active now."""
+        for c in self.controllers:
+            if c is not None:
+                c.release()
+
+    def as_dict(self) -> dict[str, Any]:
+        """Steps served per band, band switches (and per 100 steps), steps per (band, S)."""
+        return {
+            "schedule": self.schedule.text(), "hysteresis": self.schedule.hysteresis,
+            "bands": [{"band": b.label(), "steps": list(b.steps), "capture_sizes": self.sizes[i],
+                       "served": self.served[i]} for i, b in enumerate(self.bands)],
+            "band_switches": self.band_switches,
+            "switches_per_100_steps": 100.0 * self.band_switches / self.steps if self.steps else 0.0,
+            "steps_per_state": dict(self.steps_per_state),
+        }
