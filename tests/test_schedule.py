@@ -53,7 +53,8 @@ def test_args_file_forms():
     for form in ("1:5,4:3,32:0", {"1": 5, "4": 3, "32": 0}, {"bands": "1:5,4:3,32:0", "hysteresis": 2}):
         args = runtime_args_from_dict({**base, "schedule": form})
         assert args.schedule.text() == "1:5,4:3,32:0"
-    assert runtime_args_from_dict({**base, "schedule": {"bands": {"1": [2, 3]}, "hysteresis": 2}}).schedule.hysteresis == 2
+    table = runtime_args_from_dict({**base, "schedule": {"bands": {"1": [2, 3]}, "hysteresis": 2}}).schedule
+    assert table.hysteresis == 2 and table.steps == ((2, 3),)
     with pytest.raises(ValueError, match="schedule key 'x': must be a batch size"):
         runtime_args_from_dict({**base, "schedule": {"x": 3}})
     with pytest.raises(TypeError, match="schedule=5"):
