@@ -95,10 +95,11 @@ def _take(engine: SpecDecodeEngine, rid: int) -> list[int]:
 
 
 def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
-                   rank: int | None = None, world_size: int = 1) -> dict[str, Any]:
+                   rank: int | None = None, world_size: int = 1, registry: Any = None) -> dict[str, Any]:
     """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
     (inside `spawn_ranks`) the engine serves under a `RankCoordinator` and the reload at
-    ``reload_at`` is proposed by the last rank only."""
+    ``reload_at`` is proposed by the last rank only. With ``registry`` (a prometheus_client
+    registry) the engine's metrics are registered in it and stay there after the run."""
     rss0 = _rss_mib()
     target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
     rng = random.Random(cfg.seed)
@@ -115,6 +116,9 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
+    if registry is not None:
+        from .metrics import register_engine_metrics
+        register_engine_metrics(engine, registry)
     rss_setup = _rss_mib() - rss0
     old = None
     if sighup is not None and cfg.reload_config:
@@ -162,6 +166,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
+        "drafts": st["request_verifies"], "draft_tokens": st["draft_tokens"],
+        "accepted_tokens": st["committed"] - st["request_verifies"], "accepted_per_pos": st["accepted_per_pos"],
         "steps_per_state": st["steps_per_state"], "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"],
