@@ -48,6 +48,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_state_graph_kernel_nodes": ("gauge", "Kernel nodes of the state's graph of one size."),
     "draftgraph_state_graph_replays": ("counter", "Graph replays under the state."),
     "draftgraph_state_pad_rows": ("counter", "Pad rows the state's replays carried (padding waste)."),
+    "draftgraph_state_replayed_rows": ("counter", "Rows the state's replays ran, pad rows included."),
     "draftgraph_state_steps": ("counter", "Draft steps served under the state (replays + eager)."),
     "draftgraph_state_eager_steps": ("counter", "Draft steps the state ran eagerly."),
     "draftgraph_state_debug_checks": ("counter", "Debug comparisons (replay against eager) of the state."),
@@ -248,7 +249,8 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
         key = (str(spec.num_steps), str(spec.num_draft_tokens), _topology_kind(spec))
         st = read_consistent(lambda s=state: s.stats)
         debug = state.replays.debug_checks
-        row = merged.setdefault(key, [0.0, 0, {}, 0, 0, 0, 0, 0, 0])
+        rows = read_consistent(lambda s=state: sum(size * u.replays for size, u in list(s.replays.sizes.items())))
+        row = merged.setdefault(key, [0.0, 0, {}, 0, 0, 0, 0, 0, 0, 0])
         row[0] += st.capture_s
         row[1] += st.capture_bytes
         for size, nodes in st.nodes.items():
@@ -260,6 +262,7 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
         row[6] += st.eager_steps
         row[7] += debug
         row[8] = max(row[8], int(state is active))
+        row[9] += rows
     for (s, n, kind), row in sorted(merged.items()):
         sl = {**labels, "num_steps": s, "num_draft_tokens": n, "topology": kind}
         add("draftgraph_state_capture_seconds", sl, row[0])
@@ -268,6 +271,7 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
             add("draftgraph_state_graph_kernel_nodes", {**sl, "size": str(size)}, nodes)
         add("draftgraph_state_graph_replays", sl, row[3])
         add("draftgraph_state_pad_rows", sl, row[4])
+        add("draftgraph_state_replayed_rows", sl, row[9])
         add("draftgraph_state_steps", sl, row[5])
         add("draftgraph_state_eager_steps", sl, row[6])
         add("draftgraph_state_debug_checks", sl, row[7])
