@@ -298,3 +298,31 @@ def test_simulate_metrics_port_in_use_exits_2():
         p = _run("simulate", "--requests", "1", "--no-greedy", "--metrics-port", str(port))
     assert p.returncode == 2
     assert f"metrics port {port}" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_rank_coordinator_exports_polls_and_reload_decisions_with_its_rank():
+    import torch.distributed as dist
+
+    from draftgraph.runtime.ranks.coordinator import RankCoordinator
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        w = worker(3)
+        coordinator = RankCoordinator(w, poll_every=2, timeout_s=10.0)
+        registry = CollectorRegistry()
+        with register_coordinator_metrics(coordinator, registry):
+            for _ in range(5):
+                coordinator.step()
+            coordinator.propose_reload(args_for(2))
+            for _ in range(5):
+                coordinator.step()
+            m = scrape(registry)
+    finally:
+        dist.destroy_process_group()
+    assert value(m, "draftgraph_coordinator_polls", rank="0") == 10 // 2  # one poll per poll_every steps
+    assert w.generation == 1
+    assert value(m, "draftgraph_coordinator_reloads", rank="0", result="committed") == 1
+    assert value(m, "draftgraph_coordinator_reloads", rank="0", result="aborted") == 0
+    assert value(m, "draftgraph_coordinator_reload_votes", rank="0") == 1
