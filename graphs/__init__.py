@@ -27,6 +27,7 @@ from .spans import (
     span,
     spans_active,
     suppress_spans,
+    trace_spans,
 )
 from .stats import CaptureRecord, ManagerStats, ReplayCounters, SizeStats, SizeUsage
 
@@ -61,4 +62,5 @@ __all__ = [
     "span",
     "spans_active",
     "suppress_spans",
+    "trace_spans",
 ]

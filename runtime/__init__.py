@@ -8,6 +8,7 @@ The public API (`__all__`, sorted) is what a serving engine needs, by job:
   `DraftInput`, `DraftResult`, `DraftCounters`;
 - runtime states, reload, adaptive S: `RuntimeState`, `StateStats`, `ReloadError`,
   `RELOAD_POLICIES`, `install_reload_signal`, `AdaptiveStepController`;
+- draft weights updated in place (`update_draft_weights`): `StaleWeightsError`;
 - organize: `select_top_k_tokens`, `organize_draft_results`, `fast_topk`;
 - topology and the verify tree: `StaticTopology`, `TopologyBuffers`, `VerifyTree`, `build_tree`;
 - SGLang drop-in (`runtime.sglang`): `install_chain_buffers`, `runtime_args_from_sglang`;
@@ -45,6 +46,7 @@ from .topology import TopologyBuffers  # topology
 from .tree import VerifyTree, build_tree  # verify tree
 from .tree_choices import StaticTopology, parse_tree_choices  # static trees
 from .validation import ConfigTypeError  # configuration
+from .weights import StaleWeightsError  # draft weights
 from .worker_base import EagleDraftWorkerBase  # draft workers
 
 # Importable here for existing code and scripts, but not part of the API (see their modules).
@@ -71,6 +73,7 @@ __all__ = [
     "RuntimeArgs",
     "RuntimeState",
     "SpeculativeConfig",
+    "StaleWeightsError",
     "StateStats",
     "StaticTopology",
     "TopologyBuffers",

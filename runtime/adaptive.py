@@ -15,6 +15,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from draftgraph.graphs.spans import span
+
 from .state import RuntimeState
 from .validation import require_positive_int
 
@@ -119,7 +121,8 @@ class AdaptiveStepController:
             s = self.coordinator.shared_choice(s, initial=self._candidates[-1][0])
         target = self._states[s]
         if self.worker.state is not target:
-            self.worker.apply_runtime_state(target)
+            with span("adaptive_switch", num_steps=s):
+                self.worker.apply_runtime_state(target)
             self.switches += 1
         self.steps_per_state[s] = self.steps_per_state.get(s, 0) + 1
         return s

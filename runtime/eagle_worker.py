@@ -32,6 +32,7 @@ from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
 from .topology import Selector, TopologyBuffers
 from .validation import ConfigTypeError
+from .weights import StorageGuard, WeightRefit
 from .worker_base import EagleDraftWorkerBase, GraphStep
 
 __all__ = ["EagleDraftWorker"]
@@ -60,6 +61,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self.debug_checks = debug_checks_enabled()  # DRAFTGRAPH_DEBUG=1: ids and NaN checked per step
         self.last_state: RuntimeState | None = None  # the state the latest step ran under
         self._device_for: tuple[str, torch.device] = ("", torch.device("cpu"))
+        # in-place weight updates (None for a draft model that is not an nn.Module)
+        self.weights = WeightRefit(draft_model) if isinstance(draft_model, torch.nn.Module) else None
         super().__init__(args)
 
     def _row_input_bytes(self) -> int:
@@ -74,6 +77,31 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                 f"device={args.device!r}: the draft model's parameters are on {dev}; "
                 f"move the model or use device={str(dev)!r}"
             )
+
+    # ---- draft weights ---------------------------------------------------------------------
+    def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
+        """Check ``state_dict`` against the draft model now (keys, shapes, dtypes, devices, finite
+        values: ValueError / TypeError naming the key, nothing changed) and copy it in place at
+        the start of the next step (the host's step boundary when an engine drives this
+        worker), so parameter addresses never move and every captured graph stays valid.
+        Safe from another thread or a signal handler. Returns the weights version it brings."""
+        if self.weights is None:
+            raise ConfigTypeError(f"draft_model={type(self.draft_model).__name__}: not a torch.nn.Module, "
+                                  f"its weights cannot be updated in place")
+        return self.weights.request(state_dict, strict)
+
+    def apply_pending_weights(self) -> bool:
+        """Copy a requested weight update in place now (a host calls it at its step boundary);
+        False when none was pending."""
+        if self.weights is None or not self.weights.pending:
+            return False
+        with self.slot.lock:
+            return self.weights.apply_pending()
+
+    def _new_manager(self, state: RuntimeState, backend: str) -> Any:
+        """The base manager, with the storage of the draft tensors its graphs will read."""
+        state.storage_guard = StorageGuard(self.draft_model)
+        return super()._new_manager(state, backend)
 
     # ---- serving ---------------------------------------------------------------------------
     def draft_forward(self, draft_input: Any) -> DraftResult:
@@ -95,6 +123,9 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         slot = self.slot
         if slot.pending is not None:
             self._apply_pending()
+        weights = self.weights
+        if weights is not None and weights.pending and slot.host is None:
+            self.apply_pending_weights()
         topk_p, topk_index, hidden = unpack_draft_input(draft_input)
         b = topk_index.shape[0]
         with slot.lock:
@@ -107,6 +138,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             graphs = state.replayable_graphs()
             plan = graphs.lookup(b) if graphs is not None else None
             if plan is not None:
+                if state.storage_guard is not None:
+                    state.storage_guard.check()  # a replaced draft tensor: refused, never read stale
                 out = graphs.replay(plan, {"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
                 return DraftResult(*out)
             reason = graphs.last_miss if graphs is not None else "no_graphs"

@@ -7,6 +7,11 @@ the new state; a step never sees a half-built state. `request_reload` only recor
 `ReloadMixin` works through an explicit interface, nothing private of its host: the host's
 `slot` (`StateSlot`: lock, active state, args, generation, pending request), its `reload_log`
 (`ReloadLog`), and two hooks, `_check_args(args)` and `_build_state(args, generation, backend)`.
+
+When an engine drives the worker (`attach_host`), every reload reaches it the same way: a
+request (the engine's, the worker's own, a signal handler's) taken at the engine's step
+boundary; direct calls outside the engine's step are refused. A host adds its own limits to
+the checks with `add_args_check`, so a reload it cannot serve is refused when requested.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import gc
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,15 +68,18 @@ class PreparedReload:
 
 
 class ReloadLog:
-    """Reload outcomes of one worker: counts for its whole life and the latest records (bounded,
-    so a long-running server does not grow)."""
+    """Reload outcomes of one worker: totals for its whole life (requested, applied, failed,
+    superseded) and the records of the latest ``keep`` reloads only, so a long-running server
+    does not grow."""
 
-    __slots__ = ("failed", "history", "succeeded")
+    __slots__ = ("failed", "history", "requested", "succeeded", "superseded")
 
     def __init__(self, keep: int = 64) -> None:
         self.history: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.succeeded = 0
+        self.requested = 0  # request_reload calls accepted, direct reloads and prepares
+        self.succeeded = 0  # applied
         self.failed = 0
+        self.superseded = 0  # replaced by a newer request before they were applied
 
     def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None) -> None:
         """Count one reload and keep its record."""
@@ -84,6 +93,11 @@ class ReloadLog:
             "capture_bytes": state.capture_bytes if state is not None else 0,
         })
 
+    def totals(self) -> dict[str, int]:
+        """Lifetime counts: requested, applied, failed, superseded."""
+        return {"requested": self.requested, "applied": self.succeeded, "failed": self.failed,
+                "superseded": self.superseded}
+
 
 class ReloadMixin:
     """`reload` / `request_reload` for draft workers, through the interface in the module
@@ -91,11 +105,43 @@ class ReloadMixin:
 
     slot: StateSlot
     reload_log: ReloadLog
+    graph_backend: str | None = None  # the backend the worker was set up with (`capture_graphs`)
+    _host_checks: tuple[Callable[[RuntimeArgs], None], ...] = ()
+
+    def add_args_check(self, check: Callable[[RuntimeArgs], None]) -> None:
+        """Add a host's own limit (a drafter's layer count, an engine's widest tree) to the
+        checks every reload path runs before anything changes: ``check(args)`` raises
+        ValueError / TypeError naming the field and the limit."""
+        if not callable(check):
+            raise ConfigTypeError(f"check={check!r}: must be callable")
+        self._host_checks = (*self._host_checks, check)
+
+    def attach_host(self, name: str) -> None:
+        """Declare that ``name`` (an engine) drives this worker's steps: requested reloads are
+        then applied at its step boundary (`take_reload_request`), never inside a draft step,
+        and a direct `reload` / `prepare_reload` / `commit_reload` / `override_worker_state`
+        outside the host's step is refused with an error naming `request_reload`."""
+        self.slot.host = str(name)
 
     @property
     def reload_history(self) -> deque[dict[str, Any]]:
         """The latest reload records (policy, seconds, ok, error, capture_s, capture_bytes)."""
         return self.reload_log.history
+
+    def check_reload(self, new_args: Any, policy: str = "swap") -> None:
+        """Run every check a reload to ``new_args`` must pass (the same as construction, the
+        host's limits included) without changing anything: ValueError / TypeError naming the
+        field and the limit. Hosts call it before queueing a request of their own."""
+        self._check_reload(new_args, policy)
+
+    def _require_direct(self, what: str) -> None:
+        """Refuse a direct reload call while a host drives this worker, outside its step."""
+        slot = self.slot
+        if slot.host is not None and not slot.in_host_step():
+            raise ReloadError(
+                f"{what}: this worker is driven by {slot.host}, and a direct {what} would race "
+                f"its steps; call request_reload (the host's or this worker's): it is applied at "
+                f"the next step boundary")
 
     def _check_reload(self, new_args: Any, policy: str) -> None:
         """Reject a bad request before anything changes."""
@@ -104,6 +150,8 @@ class ReloadMixin:
         if policy not in RELOAD_POLICIES:
             raise ValueError(f"policy={policy!r}: must be one of {list(RELOAD_POLICIES)}")
         self._check_args(new_args)
+        for check in self._host_checks:
+            check(new_args)
 
     def _check_args(self, args: RuntimeArgs) -> None:
         """Subclass hook: reject args this worker cannot serve."""
@@ -125,17 +173,33 @@ class ReloadMixin:
         is given. Equivalent to `prepare_reload` then `commit_reload` under one lock hold.
         """
         self._check_reload(new_args, policy)
+        self._require_direct("reload")
+        self.reload_log.requested += 1
+        self._reload_now(new_args, policy, backend)
+
+    def _reload_now(self, new_args: RuntimeArgs, policy: str, backend: str | None = None) -> None:
+        """`reload` of checked (and counted) args."""
         with self.slot.lock, span("reload", policy=policy):
             self._commit(self._prepare(new_args, policy, backend))
 
     def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
-                       backend: str | None = None, *, background: bool = False) -> PreparedReload:
+                       backend: str | None = None, *, background: bool = False,
+                       requested: bool = False) -> PreparedReload:
         """Phase one of a two-phase reload (several ranks): build and capture the new state
         aside; the active state keeps serving (``release_first`` releases its graphs first).
         ``background=True`` queues the capture instead (`capture_graphs`): commit when
         `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit_reload`
-        or `discard_reload`."""
-        self._check_reload(new_args, policy)
+        or `discard_reload`. ``requested=True``: the reload was already counted by
+        `request_reload` (a host applying a request it took)."""
+        self._require_direct("prepare_reload")
+        try:
+            self._check_reload(new_args, policy)
+        except Exception as exc:
+            if requested:  # counted when requested: its outcome is a failure
+                self.reload_log.record(policy, time.perf_counter(), ok=False, error=repr(exc))
+            raise
+        if not requested:
+            self.reload_log.requested += 1
         with self.slot.lock, span("reload_prepare", policy=policy):
             return self._prepare(new_args, policy, backend, background)
 
@@ -143,21 +207,31 @@ class ReloadMixin:
         """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
 
         Raises ReloadError (nothing changes) when the worker was reloaded since the prepare."""
+        self._require_direct("commit_reload")
         with self.slot.lock, span("reload_commit", policy=prepared.policy):
             self._commit(prepared)
 
-    def discard_reload(self, prepared: PreparedReload, reason: str) -> None:
-        """Phase two when the ranks did not agree: release the prepared state, record ``reason``."""
+    def discard_reload(self, prepared: PreparedReload, reason: str, *, superseded: bool = False) -> None:
+        """Phase two when the ranks did not agree: release the prepared state, record ``reason``
+        (counted as failed, or as superseded when a newer reload replaces it)."""
         with self.slot.lock:
             prepared.state.release()
-            self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
+            if superseded:
+                self.reload_log.superseded += 1
+                logger.warning("reload to %s (%s) superseded while it was prepared: %s",
+                               prepared.args.speculative, prepared.policy, reason)
+            else:
+                self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
 
     def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None,
                  background: bool = False) -> PreparedReload:
         """Build (and capture) the new state; the caller holds the lock and checked the args."""
         old = self.slot.active
-        if backend is None and old.graphs is not None:
-            backend = old.graphs.backend_name
+        if backend is None:  # the worker's backend, whatever the current state has (none after
+            # a failed release_first reload)
+            backend = self.graph_backend
+            if backend is None and old.graphs is not None:
+                backend = old.graphs.backend_name
         generation = self.slot.generation
         start = time.perf_counter()
         if policy == "release_first":
@@ -187,16 +261,40 @@ class ReloadMixin:
                     self.reload_history[-1]["seconds"])
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
-        """Validate now, reload at the start of the next step (safe from signal handlers)."""
+        """Validate now (nothing is left pending when a check fails), reload at the start of the
+        next step: the worker's own, or its host's step boundary (safe from signal handlers).
+        A newer request supersedes one not yet applied; that is counted and logged."""
         self._check_reload(new_args, policy)
-        self.slot.request(new_args, policy)
+        log = self.reload_log
+        log.requested += 1
+        if self.slot.request(new_args, policy) is not None:
+            log.superseded += 1
+
+    def take_reload_request(self) -> tuple[RuntimeArgs, str] | None:
+        """For the serving thread: the pending request (args, policy), now cleared, or None;
+        requests it superseded are logged here (not in a signal handler)."""
+        slot = self.slot
+        unreported, slot.superseded_unreported = slot.superseded_unreported, 0
+        listed = 0
+        while slot.superseded:
+            (old_args, old_policy), (new_args, new_policy) = slot.superseded.popleft()
+            listed += 1
+            logger.warning("reload request to %s (%s) superseded by %s (%s) before it was applied",
+                           old_args.speculative, old_policy, new_args.speculative, new_policy)
+        if unreported > listed:
+            logger.warning("%d more reload requests were superseded before they were applied "
+                           "(not listed; the latest %d are)", unreported - listed, listed)
+        return slot.take_request()
 
     def _apply_pending(self) -> None:
-        """Run a requested reload; a failure is logged and recorded, serving goes on."""
-        pending = self.slot.take_request()
+        """Run a requested reload (a worker without a host, at the start of its step); a
+        failure is logged and recorded, serving goes on."""
+        if self.slot.host is not None:  # the host applies it at its step boundary
+            return
+        pending = self.take_reload_request()
         if pending is None:
             return
         try:
-            self.reload(*pending)
+            self._reload_now(*pending)
         except ReloadError:
             logger.exception("requested reload failed")

@@ -134,6 +134,7 @@ class RuntimeState:
         self.nodes: dict[int, int | None] = {}
         self.owner = owner
         self.generation = 0
+        self.storage_guard: Any = None  # the draft tensors its graphs read (`weights.StorageGuard`)
 
     @property
     def topology_buffers(self) -> TopologyBuffers | None:

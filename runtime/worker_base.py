@@ -279,6 +279,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         `capture_pending`; a step whose size is not ready yet runs eager. See `graphs_ready`,
         `wait_graphs`."""
         with self.slot.lock:
+            self.graph_backend = backend  # the worker's: later reloads capture with it
             if background:
                 return self._queue_capture(self.slot.active, backend)
             return self._capture_into(self.slot.active, backend)
@@ -325,6 +326,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         also on error, restore the previous state object, whose buffers and graphs are
         untouched. Nests. ``capture_bs=[]`` means no graphs.
         Holds the worker's lock throughout: steps of other threads wait until it exits."""
+        self._require_direct("override_worker_state")
         spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
         slot = self.slot
         with slot.lock:

@@ -27,7 +27,8 @@ from scripts.bench_summary import SCHEMA_VERSION, table, validate_summary  # noq
 from scripts.benchutil import machine_info  # noqa: E402
 
 BENCHES = ("bench_engine", "bench_organize", "bench_graphs", "bench_replay", "bench_reload",
-           "bench_topology", "bench_ranks", "bench_soak", "bench_compile", "bench_metrics")
+           "bench_topology", "bench_ranks", "bench_soak", "bench_compile", "bench_refit",
+           "bench_profile", "bench_metrics")
 
 
 def _machine_label(m: dict) -> str:

@@ -154,8 +154,8 @@ def soak(requests: int, every: int, in_flight: int = 8, sample_every: int = 97, 
     if reloader is not None:
         reloader.close()
         reloads = {"requested": reloader.n, "by": reloader.by, "request_errors": len(reloader.errors),
-                   "applied": sum(r["ok"] for r in st["reloads"]),
-                   "rejected": sum(not r["ok"] for r in st["reloads"])}
+                   "applied": st["reloads"]["applied"], "rejected": st["reloads"]["failed"],
+                   "superseded": st["reloads"]["superseded"]}
     return {"checkpoints": checkpoints, "samples": samples, "seconds": seconds, "steps": steps,
             "finished": st["requests_finished"], "failed": st["requests_failed"],
             "tokens": st["tokens_generated"], "target": target_model, "reloads": reloads}

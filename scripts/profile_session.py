@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.runtime.engine.profile_windows import parse_profile_steps
 from draftgraph.runtime.engine.profiling import profile_run
 
 __all__ = ["main", "profile_run"]
@@ -54,7 +55,8 @@ def _engine_run(a: argparse.Namespace) -> dict[str, Any]:
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=a.max_bs)),
                        max_running_requests=a.max_bs)
     cfg = SimulationConfig(args=args, requests=a.requests, min_new=8, max_new=24, greedy=False,
-                           profile_dir=a.out_dir, progress=False)
+                           profile_dir=a.out_dir, progress=False, profile_steps=a.profile_steps,
+                           profile_spans_only=a.spans_only)
     report = run_simulation(cfg, sighup=None)
     return {**report["profile"], "loop_steps": report["loop_steps"],
             "tokens_generated": report["tokens_generated"]}
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-bs", type=int, default=8)
     p.add_argument("--engine", action="store_true", help="profile a short `draftgraph simulate` run")
     p.add_argument("--requests", type=int, default=4, help="requests of the --engine run")
+    p.add_argument("--profile-steps", type=parse_profile_steps, default=None, metavar="A-B[,C-D]",
+                   help="--engine: profile only these engine steps (inclusive, from 0)")
+    p.add_argument("--spans-only", action="store_true", help="--engine: draftgraph's ranges, no aten ops")
     a = p.parse_args(argv)
     summary = _engine_run(a) if a.engine else profile_run(_tiny_worker_step(a.max_bs), a.steps, a.out_dir)
     print(json.dumps(summary, indent=2))

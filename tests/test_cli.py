@@ -45,7 +45,8 @@ def test_simulate_reload_applies(tmp_path):
              "--reload-at", "2", "--reload-config", str(good))
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
-    assert [x["ok"] for x in r["reloads"]] == [True]
+    assert [x["ok"] for x in r["reloads"]["recent"]] == [True]
+    assert r["reloads"]["applied"] == 1 and r["reloads"]["failed"] == 0
     assert r["spec"][:3] == [2, 2, 4] and r["lossless"] is True
 
 

@@ -36,8 +36,8 @@ from draftgraph.runtime.ranks.launch import RankLaunchError, spawn_ranks
 
 WORLD = 3
 POLL = 4
-TIMEOUT_S = 2.0  # coordinator timeout in the fault scenarios
-STALL_S = 5.0  # how long the unresponsive rank stalls (> TIMEOUT_S)
+TIMEOUT_S = 3.0  # coordinator timeout in the fault scenarios (a healthy rank prepares well within it)
+STALL_S = 6.0  # how long the unresponsive rank stalls (> TIMEOUT_S)
 STEPS = 16
 PROPOSE_AT = 5  # first poll at or after it: step 8
 CHECK_BS = 3

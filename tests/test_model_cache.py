@@ -73,3 +73,79 @@ def test_damaged_file_that_cannot_be_deleted_says_what_to_do(tmp_path, monkeypat
     with pytest.raises(OSError, match="delete it by hand") as info:
         defaults._load_cached(path)
     assert str(path) in str(info.value) and "damaged" in str(info.value)
+
+
+def test_flipped_byte_is_detected_named_and_retrained(cache, caplog):
+    defaults.default_models(plan=TINY)
+    path = _one_file(cache)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size, one byte flipped (a torn sector, a bad copy)
+    path.write_bytes(bytes(raw))
+    defaults._weights.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=defaults.__name__):
+        defaults.default_models(plan=TINY)
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert str(path) in record.getMessage() and "damaged" in record.getMessage()
+    assert "digest" in record.getMessage()
+    assert path.read_bytes() != bytes(raw) and defaults._load_cached(path) is not None  # trained again
+
+
+def test_file_without_digest_is_accepted_once_and_digest_added(tmp_path):
+    path = tmp_path / "models-x.pt"
+    torch.save({"target": {"w": torch.ones(4)}, "eagle": {}, "multi_layer": {}}, path)  # previous version
+    assert defaults._load_cached(path) is not None
+    digest = defaults._digest_path(path)
+    assert digest.read_text().strip() == defaults._file_digest(path)
+
+
+def _unwritable(monkeypatch, folder: Path) -> None:
+    """Simulate a read-only folder (chmod does not stop root): os.access says no for it."""
+    real = defaults.os.access
+    monkeypatch.setattr(defaults.os, "access",
+                        lambda p, mode, **kw: False if Path(p) == folder else real(p, mode, **kw))
+
+
+def test_read_only_folder_with_weights_is_served_without_writing(cache, monkeypatch):
+    defaults.default_models(plan=TINY)
+    for lock in cache.glob("*.lock"):
+        lock.unlink()
+    before = sorted(p.name for p in cache.iterdir())
+    defaults._weights.cache_clear()
+    _unwritable(monkeypatch, cache)
+    monkeypatch.setattr(defaults, "_train_all", lambda *a: pytest.fail("trained instead of loading"))
+    monkeypatch.setattr(defaults, "_file_lock", lambda *a: pytest.fail("took a lock in a read-only folder"))
+    defaults.default_models(plan=TINY)
+    assert sorted(p.name for p in cache.iterdir()) == before
+
+
+def test_unwritable_empty_folder_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DRAFTGRAPH_CACHE", str(blocker / "cache"))  # mkdir under a regular file fails
+    fallback = tmp_path / "fallback"
+    monkeypatch.setattr(defaults, "_fallback_dir", lambda: fallback)
+    defaults._weights.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=defaults.__name__):
+            defaults.default_models(plan=TINY)
+    finally:
+        defaults._weights.cache_clear()
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "DRAFTGRAPH_CACHE" in record.getMessage() and str(fallback) in record.getMessage()
+    assert _one_file(fallback).exists()
+
+
+def test_fallback_folder_is_per_user():
+    assert str(defaults.os.getuid()) in defaults._fallback_dir().name
+
+
+def test_next_save_removes_leftover_tmp_of_this_cache_only(cache):
+    key = "0123456789abcdef"
+    left = [cache / f"models-{key}.tmp999999", cache / f"models-{key}.pt.sha256.tmp999999"]
+    other = [cache / "models-fedcba9876543210.tmp999999", cache / "notes.tmp1"]
+    for p in left + other:
+        p.write_bytes(b"half a save")
+    defaults._save({"target": {}, "eagle": {}, "multi_layer": {}}, cache / f"models-{key}.pt", key)
+    assert not any(p.exists() for p in left)
+    assert all(p.exists() for p in other)  # another key's save (its own lock) and foreign files stay
+    assert defaults._load_cached(cache / f"models-{key}.pt") is not None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,9 @@ from draftgraph.runtime import (
     parse_tree_choices,
 )
 
+from .profile_report import format_table
+from .profile_windows import parse_profile_steps
+from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 
 __all__ = ["main", "build_args"]
@@ -71,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes, gloo)")
     sim.add_argument("--poll-every", type=int, default=8, help="coordinator poll period (ranks)")
     sim.add_argument("--profile", default=None, metavar="DIR", help="write a torch-profiler trace")
+    sim.add_argument("--profile-steps", default=None, type=_profile_steps, metavar="A-B[,C-D]",
+                     help="profile only engine steps A..B (inclusive, from 0); also drives "
+                          "cudaProfilerStart/Stop on a GPU")
+    sim.add_argument("--profile-spans-only", action="store_true",
+                     help="with --profile: draftgraph's ranges only, no aten ops (a few KB per step)")
     sim.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                      help="serve Prometheus /metrics on 127.0.0.1:PORT while running (0: a free port)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
@@ -82,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     _spec_flags(info)
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     return ap
+
+
+def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
+    """argparse type of --profile-steps: a bad value exits 2 naming the flag, value and rule."""
+    try:
+        return parse_profile_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _info(ns: argparse.Namespace) -> int:
@@ -131,7 +146,7 @@ def _bench() -> int:
     return subprocess.call([sys.executable, "-m", "scripts.bench_all"], cwd=root)
 
 
-def _simulate(ns: argparse.Namespace) -> int:
+def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     args = build_args(ns)
     adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
     if ns.reload_at is not None and not ns.reload_config:
@@ -140,13 +155,14 @@ def _simulate(ns: argparse.Namespace) -> int:
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
-                           profile_dir=ns.profile, progress=not ns.json and ns.world_size == 1,
+                           profile_dir=ns.profile, profile_steps=ns.profile_steps,
+                           profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture)
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
     registry = _metrics_registry(ns)
     with record_spans() as spans:
-        report = run_simulation(cfg, sighup=signal.SIGHUP, registry=registry)
+        report = run_simulation(cfg, sighup=None, reload_signal=reload_signal, registry=registry)
     report["spans"] = _span_summary(spans)
     if ns.metrics_file:
         from prometheus_client import generate_latest
@@ -155,6 +171,9 @@ def _simulate(ns: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         _print_report(report)
+    if report["interrupted"]:  # Ctrl-C in the loop: the report above covers what finished
+        print("draftgraph: simulate interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -228,6 +247,12 @@ def _before_after_text(r: dict[str, Any]) -> str:
     return f"{fmt(before)} / {fmt(after)}"
 
 
+def _reloads_text(r: dict[str, Any]) -> str:
+    """Reload totals for the text report."""
+    return (f"{r['requested']} requested: {r['applied']} applied, {r['failed']} failed, "
+            f"{r['superseded']} superseded")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
@@ -243,34 +268,51 @@ def _print_report(r: dict[str, Any]) -> None:
             ("capture / compile (all states)", f"{r['capture_s']:.2f} s / {r['compile_s']:.2f} s"),
             ("eager steps by reason", r["eager_steps_by_reason"]),
             ("tokens/s before / after ready", _before_after_text(r)),
-            ("reloads", r["reloads"]),
+            ("reloads", _reloads_text(r["reloads"])),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),
             ("spans", r["spans"])]
-    if "profile" in r:  # --profile DIR
-        rows.append(("profile trace", f"{r['profile']['trace']} (open at https://ui.perfetto.dev)"))
+    if r.get("interrupted"):
+        rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
+    prof = r.get("profile") or {}
+    if "trace" in prof:  # --profile DIR
+        rows.append(("profile trace", f"{prof['trace']} ({prof['trace_bytes'] / 1e3:.0f} KB, "
+                                      f"{prof['steps_recorded']} steps; open at https://ui.perfetto.dev)"))
+        if prof.get("stages_svg"):
+            rows.append(("stage plot", prof["stages_svg"]))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if prof.get("ranges"):
+        print(f"\nprofiled ranges (steps {prof['windows']}):")
+        print(format_table(prof["ranges"]))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
     ap = _parser()
     ns = ap.parse_args(argv)
+    # simulate and generate take SIGHUP from now (before the models load) until they return
+    serving = ns.cmd in ("simulate", "generate")
+    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd) if serving else None
     try:
+        if hup is not None:
+            hup.install()
         if ns.cmd == "info":
             return _info(ns)
         if ns.cmd == "generate":
             return _generate(ns)
         if ns.cmd == "bench":
             return _bench()
-        return _simulate(ns)
+        return _simulate(ns, hup)
     except (ValueError, TypeError, OSError) as exc:
         print(f"draftgraph: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT, no traceback
         print(f"draftgraph: {ns.cmd} interrupted", file=sys.stderr)
         return 130
+    finally:
+        if hup is not None:
+            hup.uninstall()
 
 
 if __name__ == "__main__":

@@ -106,11 +106,17 @@ class MultiLayerDrafter:
     """Multi-layer draft (S layers, one token each) organized by `MultiLayerEagleDraftWorker`."""
 
     def __init__(self, args: RuntimeArgs, draft: MultiLayerDraft, slots: int) -> None:
-        if args.speculative.num_steps > draft.max_steps:
-            raise ValueError(f"speculative.num_steps={args.speculative.num_steps}: the multi-layer "
-                             f"draft has {draft.max_steps} layers")
         self.draft_model = draft
+        self.check_args(args)
         self.worker = MultiLayerEagleDraftWorker(args)
+        self.worker.add_args_check(self.check_args)  # every reload path, not construction only
+
+    def check_args(self, args: RuntimeArgs) -> None:
+        """S draft layers give S tokens: num_steps may not exceed the layer count."""
+        s = args.speculative.num_steps
+        if s > self.draft_model.max_steps:
+            raise ValueError(f"speculative.num_steps={s}: the multi-layer draft has "
+                             f"{self.draft_model.max_steps} layers (num_steps <= {self.draft_model.max_steps})")
 
     @torch.no_grad()
     def prefill(self, req: Request, hidden: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from `step` with nothing half-committed; the next step serves the same requests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -23,13 +24,17 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, build_tree
 from draftgraph.runtime.reload import PreparedReload
+from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
 from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
+from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
+from .profile_windows import engine_step
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
@@ -43,6 +48,7 @@ DEFAULT_SLOTS = 16
 
 
 CAPTURE_MODES = ("background", "blocking")
+DEFAULT_WATCH = AcceptanceWatch()  # frozen: one shared default
 CUDA_CAPTURE_BUDGET_S = 0.05  # step-boundary capture time per step (CUDA units)
 
 
@@ -56,11 +62,16 @@ class SpecDecodeEngine:
     sizes first, then the adaptive candidates') and returns at once; steps run eager until
     their graph is ready, counted by reason. ``"blocking"``: every graph is captured before the
     constructor returns. A reload under background capture swaps when the new state's graphs
-    are ready (``swap``) or at once, serving eager meanwhile (``release_first``)."""
+    are ready (``swap``) or at once, serving eager meanwhile (``release_first``).
+
+    The engine serves a **copy** of ``draft`` (it owns the copy's cache): loading weights into the
+    model you passed changes nothing; use `update_draft_weights`. ``acceptance_watch``: when to
+    warn that the drafter stopped helping (`AcceptanceWatch`; None: never)."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
-                 capture: str = "background") -> None:
+                 capture: str = "background",
+                 acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH) -> None:
         self._t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -83,6 +94,13 @@ class SpecDecodeEngine:
             raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
         self._check_spec(args)
         self.worker = self.drafter.worker
+        worker_weights = getattr(self.worker, "weights", None)  # the eagle worker refits its model
+        self._weights = worker_weights if worker_weights is not None else WeightRefit(draft)
+        self._acceptance = AcceptanceMonitor(acceptance_watch) if acceptance_watch is not None else None
+        # one way in: every reload of this worker (ours, its own request_reload, a signal
+        # handler's) is taken at our step boundary and checked against our limits when asked
+        self.worker.attach_host("a SpecDecodeEngine")
+        self.worker.add_args_check(self._check_spec)
         self.capture = capture
         self._background = capture == "background" and backend != "eager"
         self._prepared: PreparedReload | None = None  # a reload waiting for its graphs
@@ -101,8 +119,9 @@ class SpecDecodeEngine:
         self._just_finished: list[int] = []  # ids that ended in the current step
         self._aborts: set[int] = set()  # applied at the next step boundary
         self._free = list(range(self.max_slots, 0, -1))
-        self._pending: tuple[RuntimeArgs, str] | None = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
+        self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
+        self.profiler: Any = None  # a StepProfiler (step_profiler.py) while one is attached
         self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
     def attach_coordinator(self, coordinator: Any) -> None:
@@ -139,32 +158,60 @@ class SpecDecodeEngine:
                                       coordinator=self.coordinator, background=self._background)
 
     def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
-        """Validate now; reload at the start of the next step (safe from a signal handler)."""
-        if not isinstance(new_args, RuntimeArgs):
-            raise TypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
-        self._check_spec(new_args)
-        if isinstance(self.drafter, MultiLayerDrafter) and not new_args.speculative.is_chain:
-            raise ValueError(f"speculative.topk={new_args.speculative.topk}: the multi-layer draft "
-                             f"drafts a chain (topk must be 1)")
+        """Check now, with every check construction runs (the drafter's limits, the engine's,
+        the memory budget): a reload that cannot be served raises ValueError / TypeError here
+        and nothing is left pending. Applied at the start of the next step (safe from a signal
+        handler); a newer request supersedes one not yet applied (counted and logged). The
+        worker's own `request_reload` (e.g. `install_reload_signal(engine.worker, ...)`) is
+        the same way in."""
+        self.worker.check_reload(new_args, policy)
         if self.coordinator is not None:
             self.coordinator.propose_reload(new_args, policy)
             return
-        self._pending = (new_args, policy)
+        self.worker.request_reload(new_args, policy)
 
-    def _apply_reload(self) -> None:
-        new_args, policy = self._pending
-        self._pending = None
+    def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
+        """Refit the draft: check every tensor of ``state_dict`` now (keys, shapes, dtypes,
+        devices, finite values: ValueError / TypeError naming the key, nothing changed), then
+        copy it **in place** into the engine's draft at the next step boundary, so parameter
+        addresses never move and every captured graph (trace, compile, CUDA) stays valid with no
+        recapture. Safe from another thread or a signal handler, like `request_reload`; requests
+        in flight keep going. ``strict=False`` updates a subset of the keys. Returns the weights
+        version the draft has once it is applied (``stats()["draft_weights"]``)."""
+        return self._weights.request(state_dict, strict)
+
+    def _take_reload(self) -> None:
+        """At the step boundary: apply the worker's pending reload request, or with several
+        ranks propose it to every rank."""
+        pending = self.worker.take_reload_request()
+        if pending is None:
+            return
+        if self.coordinator is None:
+            with span("apply_reload"):
+                self._apply_reload(*pending)
+            return
+        log = self.worker.reload_log
+        try:
+            self.coordinator.propose_reload(*pending)
+        except Exception as exc:  # another proposal in flight: this one is not applied
+            log.record(pending[1], time.perf_counter(), ok=False, error=repr(exc))
+            self._reload_rejected(exc)
+        else:
+            log.requested -= 1  # the coordinator's prepare counts it again, on every rank
+
+    def _apply_reload(self, new_args: RuntimeArgs, policy: str) -> None:
         if self._background:
             self._prepare_reload(new_args, policy)
             return
         if self.controller is not None:
             self.controller.release()
         try:
-            self.worker.reload(new_args, policy)
+            prepared = self.worker.prepare_reload(new_args, policy, requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
+            self.controller = self._new_controller()
         else:
-            self._reload_done(new_args)
+            self._commit_reload(prepared)
 
     def _reload_rejected(self, exc: BaseException) -> None:
         logger.error("reload rejected, the previous state keeps serving: %s", exc)
@@ -180,12 +227,14 @@ class SpecDecodeEngine:
         """Background capture: build the new state with queued graphs; ``release_first`` swaps
         now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
         if self._prepared is not None:  # a newer request supersedes one still capturing
-            self.worker.discard_reload(self._prepared, "superseded by a newer reload request")
+            self.worker.discard_reload(self._prepared, f"superseded by a reload to {new_args.speculative}",
+                                       superseded=True)
             self._prepared = None
         if policy == "release_first" and self.controller is not None:
             self.controller.release()
         try:
-            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True)
+            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
+                                                  requested=True)
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
             if policy == "release_first":
@@ -202,7 +251,7 @@ class SpecDecodeEngine:
         try:
             self.worker.commit_reload(prepared)
         except ReloadError as exc:
-            prepared.state.release()
+            self.worker.discard_reload(prepared, str(exc))
             self._reload_rejected(exc)
             self.controller = self._new_controller()
         else:
@@ -252,6 +301,11 @@ class SpecDecodeEngine:
 
     def has_work(self) -> bool:
         return bool(self._waiting or self.running)
+
+    def next_batch_size(self) -> int:
+        """The batch the next step would serve if no request ends or is aborted before it: the
+        running requests plus the waiting ones admission has free slots for."""
+        return len(self.running) + min(len(self._waiting), len(self._free))
 
     def result(self, rid: int) -> list[int]:
         """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
@@ -371,27 +425,44 @@ class SpecDecodeEngine:
         self._just_finished.append(req.rid)
 
     # ---- the step ------------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`)."""
-        st = self._stats
-        self._just_finished = []
-        if self._pending is not None:
-            self._apply_reload()
+        failed: take them with `pop_result`). A ``step`` range (profile_windows.py) holds one
+        range per stage of ``stats()["stage_s"]``."""
+        slot = self.worker.slot
+        slot.enter_step()  # reloads of our worker may run in this thread, now
+        try:
+            return engine_step(self, self._step)
+        finally:
+            slot.leave_step()
+
+    def _boundary(self) -> None:
+        """Between steps: draft weights, reloads (requested, prepared, coordinated), step-boundary
+        capture, and the engine following whatever its worker now serves."""
+        if self._weights.pending:
+            with self.worker.slot.lock, span("update_draft_weights"):
+                self._weights.apply_pending()
+        self._take_reload()
         if self._prepared is not None:
-            self._commit_prepared()
+            with span("commit_reload") if self._prepared.ready else contextlib.nullcontext():
+                self._commit_prepared()
         queue = self.worker.capture_queue
         if self._background and not queue.threaded and queue.pending():
             self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
-            if self.worker.generation != self._generation_seen:  # a coordinated reload
-                self._generation_seen = self.worker.generation
-                self.args = self.worker.args
-                if self.controller is not None:
-                    self.controller.release()
-                self.controller = self._new_controller()
+        if self.worker.generation != self._generation_seen:  # reloaded outside _apply_reload
+            self._generation_seen = self.worker.generation
+            self.args = self.worker.args
+            if self.controller is not None:
+                self.controller.release()
+            self.controller = self._new_controller()
+
+    @torch.no_grad()
+    def _step(self) -> list[int]:
+        st = self._stats
+        self._just_finished = []
+        self._boundary()
         if self._aborts:
             self._apply_aborts()
         with st.timed("admit"):
@@ -419,6 +490,8 @@ class SpecDecodeEngine:
         with st.timed("accept_commit"):
             acc = accept_greedy(tree, logits.argmax(-1))
             self._commit(reqs, acc)
+        if self._acceptance is not None:
+            self._acceptance.observe(sum(len(p) for p in acc.paths) / b, self._weights.version)
         with st.timed("extend"):
             alive = [i for i, r in enumerate(reqs) if not r.done]
             if alive:
@@ -493,6 +566,10 @@ class SpecDecodeEngine:
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    steps_per_state=dict(self.controller.steps_per_state) if self.controller else {},
                    state=self.worker.state.describe(), **self.startup())
+        # totals for the life of the worker, records of the latest reloads only
+        out["reloads"] = {**self.worker.reload_log.totals(), "recent": list(self._stats.reloads)}
+        out["draft_weights"] = self._weights.as_dict()
+        out["acceptance_watch"] = self._acceptance.as_dict() if self._acceptance is not None else None
         return out
 
     def close(self, timeout_s: float | None = 60.0) -> None:

@@ -8,6 +8,9 @@ labelled ``name[k=v,...]`` (``replay[bs=3,padded=4]``, ``eager_fallback[bs=16]``
 
 Open ``DIR/trace.json`` at https://ui.perfetto.dev (drag the file in) or chrome://tracing.
 
+An engine's steps are profiled by windows of steps instead (``simulate --profile-steps``): see
+`step_profiler.profile_steps`; each step is a ``step`` range holding one range per stage.
+
 Nsight Systems (GPU): no torch profiler needed. ``DRAFTGRAPH_NVTX=1`` (or ``true``/``yes``/``on``)
 makes ``draftgraph.graphs`` call ``enable_nvtx()`` at import, so the same spans are pushed as
 NVTX ranges in the domain "draftgraph" (the ``nvtx`` package is required; without it a warning

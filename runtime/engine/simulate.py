@@ -21,8 +21,9 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from .engine import SpecDecodeEngine
-from .profiling import profiled
 from .requests import RequestFailed
+from .signals import ProcessReloadSignal
+from .step_profiler import profile_steps
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -47,6 +48,8 @@ class SimulationConfig:
     reload_config: str | None = None
     greedy: bool = True
     profile_dir: str | None = None
+    profile_steps: tuple[tuple[int, int], ...] | None = None  # windows of engine steps (None: all)
+    profile_spans_only: bool = False
     progress: bool = True
     poll_every: int = 8
     capture: str = "background"
@@ -56,6 +59,8 @@ class SimulationConfig:
             raise ValueError(f"requests={self.requests}: must be >= 1")
         if not 0.0 < self.arrival:
             raise ValueError(f"arrival={self.arrival}: must be > 0 (requests per step)")
+        if self.profile_spans_only and self.profile_dir is None:
+            raise ValueError("--profile-spans-only: needs --profile DIR (the trace's folder)")
 
 
 def _rss_mib() -> float:
@@ -94,12 +99,31 @@ def _take(engine: SpecDecodeEngine, rid: int) -> list[int]:
     return engine.result(rid) if out is None else out
 
 
-def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
-                   rank: int | None = None, world_size: int = 1, registry: Any = None) -> dict[str, Any]:
+def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, "SIGHUP", None),
+                   rank: int | None = None, world_size: int = 1,
+                   reload_signal: ProcessReloadSignal | None = None, registry: Any = None) -> dict[str, Any]:
     """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
     (inside `spawn_ranks`) the engine serves under a `RankCoordinator` and the reload at
-    ``reload_at`` is proposed by the last rank only. With ``registry`` (a prometheus_client
-    registry) the engine's metrics are registered in it and stay there after the run."""
+    ``reload_at`` is proposed by the last rank only.
+
+    ``sighup`` is taken from the start (before the models load) to the end (see
+    `ProcessReloadSignal`); a caller that owns a longer life (the CLI) passes its own
+    ``reload_signal`` instead. Ctrl-C (KeyboardInterrupt) in the loop ends it: the report then
+    covers what finished, ``interrupted`` is True and there is no greedy baseline. With
+    ``registry`` (a prometheus_client registry) the engine's metrics are registered in it and stay
+    there after the run."""
+    own = None
+    if reload_signal is None and sighup is not None:
+        own = reload_signal = ProcessReloadSignal(cfg.reload_config, signum=sighup).install()
+    try:
+        return _run_simulation(cfg, rank, world_size, reload_signal, registry)
+    finally:
+        if own is not None:
+            own.uninstall()
+
+
+def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
+                    reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
     rss0 = _rss_mib()
     target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
     rng = random.Random(cfg.seed)
@@ -120,9 +144,8 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
         from .metrics import register_engine_metrics
         register_engine_metrics(engine, registry)
     rss_setup = _rss_mib() - rss0
-    old = None
-    if sighup is not None and cfg.reload_config:
-        old = _signal.signal(sighup, lambda s, f: _reload_from(engine, cfg.reload_config, "SIGHUP"))
+    if reload_signal is not None:
+        reload_signal.attach(engine)  # one that came while loading is requested now
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -133,8 +156,11 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     ready: tuple[int, float, int] | None = None  # (step, time, tokens) when every graph was ready
     rss1 = _rss_mib()
     start = time.perf_counter()
+    interrupted, prof = False, None
     try:
-        with profiled(cfg.profile_dir) if cfg.profile_dir else contextlib.nullcontext(None) as prof:
+        profiling = cfg.profile_dir is not None or cfg.profile_steps is not None
+        with profile_steps(engine, cfg.profile_dir, cfg.profile_steps, cfg.profile_spans_only) \
+                if profiling else contextlib.nullcontext(None) as prof:
             while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
                 while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
                     ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
@@ -151,12 +177,14 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
                 if ready is None and engine.worker.graphs_ready():
                     ready = (step, time.perf_counter(), engine.tokens_generated)
             loop_s = time.perf_counter() - start  # without writing the trace
+    except KeyboardInterrupt:  # Ctrl-C: stop serving, report what finished
+        interrupted, loop_s = True, time.perf_counter() - start
     finally:
         engine.close(timeout_s=None)  # no capture thread outlives the loop or runs beside greedy
         if bar is not None:
             bar.close()
-        if old is not None:
-            _signal.signal(sighup, old)
+        if reload_signal is not None:
+            reload_signal.detach()  # later signals are logged and ignored
     rss_loop = _rss_mib() - rss1
     outs = [taken[i] if i in taken else _take(engine, i) for i in ids]
     st = engine.stats()
@@ -183,7 +211,10 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = _signal.SIGHUP,
     if engine.coordinator is not None:
         report["served_generations"] = engine.served
         report["coordinator"] = engine.coordinator.stats.as_dict()
-    if cfg.greedy:
+    report["interrupted"] = interrupted
+    if reload_signal is not None:
+        report["sighup"] = reload_signal.as_dict()
+    if cfg.greedy and not interrupted:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
                                        cfg.args.max_running_requests or 8))
         report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]

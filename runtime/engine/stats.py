@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["EngineStats"]
+from draftgraph.graphs.spans import span
 
+__all__ = ["EngineStats", "STAGES"]
+
+RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
+"""The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
+profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
 
 
 @dataclass
@@ -28,13 +34,18 @@ class EngineStats:
     requests_failed: int = 0  # failed while admitted (their prefill raised)
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
-    reloads: list[dict] = field(default_factory=list)
+    # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in
+    # the worker's ReloadLog, for the life of the process
+    reloads: deque[dict] = field(default_factory=lambda: deque(maxlen=RECENT_RELOADS))
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
+        """Add the body's wall time to ``stage_s[stage]``; the body is also a range named ``stage``
+        (profiler, NVTX, span tracer) when one listens."""
         start = time.perf_counter()
         try:
-            yield
+            with span(stage):
+                yield
         finally:
             self.stage_s[stage] += time.perf_counter() - start
 
@@ -51,5 +62,6 @@ class EngineStats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        d["reloads"] = list(self.reloads)
         d["accept_length_mean"] = self.accept_length_mean
         return d

@@ -2,8 +2,13 @@
 
 Cache: ``$DRAFTGRAPH_CACHE`` or ``~/.cache/draftgraph``, one file per (model shapes, training
 plan, seed, corpus digest). Training shows a progress bar and takes a few minutes on 2 cores;
-later calls load the file. A damaged file (a copy cut short, a full disk) is reported by name,
-deleted and trained again. Inference runs the target in float64 (so a batched tree verify and
+later calls load the file. Each file has a SHA-256 digest beside it (``.pt.sha256``), checked on
+every load: a damaged file (a copy cut short, a full disk, flipped bytes) is reported by name,
+deleted and trained again. A file from before digests is accepted and its digest written once.
+A folder holding valid weights is read without writing anything (no lock, no temp file); an
+unwritable folder without them falls back to a per-user temporary folder, with one warning.
+A save removes this key's ``.tmp*`` files left by an interrupted save (under the lock).
+Inference runs the target in float64 (so a batched tree verify and
 one-token decoding pick the same argmax: rounding differences are ~1e-16, far below any gap
 between logits) and the drafts in float32 (a draft's rounding cannot change what is accepted).
 """
@@ -16,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +46,33 @@ def model_cache_dir() -> Path:
     """Where trained weights live: $DRAFTGRAPH_CACHE or ~/.cache/draftgraph."""
     env = os.environ.get("DRAFTGRAPH_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "draftgraph"
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _writable(folder: Path) -> bool:
+    """Whether ``folder`` exists (or can be made) and this process may create files in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _fallback_dir() -> Path:
+    """A per-user folder under the system's temporary folder."""
+    uid = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    return Path(tempfile.gettempdir()) / f"draftgraph-{uid}"
 
 
 def _cache_key(seed: int, plan: TrainPlan, digest: str) -> str:
@@ -96,25 +129,75 @@ def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
 
     A file that cannot be deleted is an OSError that names it and says to delete it by hand.
     """
+    digest_file = _digest_path(path)
+    expected: str | None = None
     try:
-        weights = torch.load(path, map_location="cpu", weights_only=True)
+        expected = digest_file.read_text().split()[0] if digest_file.exists() else None
+    except (OSError, IndexError):
+        expected = ""  # an unreadable or empty digest file: the pair is not trustworthy
+    try:
+        actual = _file_digest(path) if expected is not None else None
+        weights = None if expected is not None and actual != expected else \
+            torch.load(path, map_location="cpu", weights_only=True)
     except PermissionError:
         raise
     except Exception as exc:  # truncated or garbled: RuntimeError (zip), EOFError, OSError, UnpicklingError
         lines = str(exc).strip().splitlines()
         reason = f"{type(exc).__name__}: {lines[0][:160] if lines else 'no details'}"
     else:
-        missing = [k for k in ("target", *DRAFT_KINDS) if not isinstance(weights, dict) or k not in weights]
-        if not missing:
-            return weights
-        reason = f"no {', '.join(missing)} weights in it"
+        if weights is None:
+            reason = f"content digest {str(actual)[:12]}... does not match {digest_file.name} ({expected[:12]}...)"
+        else:
+            missing = [k for k in ("target", *DRAFT_KINDS) if not isinstance(weights, dict) or k not in weights]
+            if not missing:
+                if expected is None:  # written before digests: accept once, record its digest
+                    _write_digest(path)
+                return weights
+            reason = f"no {', '.join(missing)} weights in it"
     logger.warning("model cache file %s is damaged (%s); deleting it and training again", path, reason)
     try:
         path.unlink(missing_ok=True)
+        digest_file.unlink(missing_ok=True)
     except OSError as exc:
         raise OSError(f"model cache file {path} is damaged ({reason}) and could not be deleted ({exc}); "
                       f"delete it by hand and the models are trained again at next use") from exc
     return None
+
+
+def _write_digest(path: Path) -> None:
+    """Record ``path``'s digest beside it; a folder that refuses is logged, not fatal (read-only use)."""
+    digest_file = _digest_path(path)
+    tmp = digest_file.with_name(f"{digest_file.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(_file_digest(path) + "\n")
+        os.replace(tmp, digest_file)
+    except OSError as exc:
+        logger.info("could not record the digest of %s (%s); it is checked for completeness only", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    else:
+        logger.info("recorded the digest of %s (written before digests) in %s", path, digest_file.name)
+
+
+def _remove_stale_tmp(folder: Path, key: str) -> None:
+    """Delete ``models-<key>.*tmp<pid>`` files: under the key's lock no other save of it is running."""
+    for stale in [*folder.glob(f"models-{key}.tmp*"), *folder.glob(f"models-{key}.pt.sha256.tmp*")]:
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+            logger.info("removed %s, left by an interrupted save", stale)
+
+
+def _save(weights: dict, path: Path, key: str) -> None:
+    """Write ``path`` and its digest: each through a temp file renamed into place."""
+    _remove_stale_tmp(path.parent, key)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(weights, tmp)
+    digest_file = _digest_path(path)
+    dtmp = digest_file.with_name(f"{digest_file.name}.tmp{os.getpid()}")
+    dtmp.write_text(_file_digest(tmp) + "\n")
+    os.replace(dtmp, digest_file)
+    os.replace(tmp, path)
+    logger.info("cached the default models in %s", path)
 
 
 @lru_cache(maxsize=4)
@@ -122,16 +205,22 @@ def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
     key = _cache_key(seed, plan, load_corpus().digest)
     folder = model_cache_dir()
     path = folder / f"models-{key}.pt"
+    if not _writable(folder):
+        if path.exists():  # read-only folder (an image, a shared folder): serve without writing
+            cached = _load_cached(path)
+            if cached is not None:
+                return cached
+        fallback = _fallback_dir()
+        logger.warning("model cache folder %s is not writable; using %s instead (set DRAFTGRAPH_CACHE "
+                       "to a writable folder to keep the models there)", folder, fallback)
+        folder, path = fallback, fallback / path.name
     with _file_lock(folder / f"models-{key}.lock"):
         if path.exists():
             cached = _load_cached(path)
             if cached is not None:
                 return cached
         weights = _train_all(seed, plan)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(weights, tmp)
-        os.replace(tmp, path)
-        logger.info("cached the default models in %s", path)
+        _save(weights, path, key)
         return weights
 
 

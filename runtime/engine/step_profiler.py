@@ -1,0 +1,172 @@
+"""Profile windows of engine steps: a bounded trace, the CUDA profiler API, and the answer.
+
+`profile_steps(engine, out_dir, windows)` (a context manager) or a `StepProfiler` attached as
+``engine.profiler`` records only the engine steps inside the windows (inclusive, counted from 0
+by ``engine.step_index``): ``spans_only`` records draftgraph's ranges with the span tracer (no
+torch profiler, a few KB per step), otherwise the torch profiler records them with the aten ops.
+When CUDA is available the same windows call ``torch.cuda.profiler.start`` / ``stop``
+(cudaProfilerStart / Stop), so ``nsys profile -c cudaProfilerApi`` records the same steps;
+``out_dir=None`` does only that. At the end ``out_dir/trace.json`` holds every window, and the
+summary carries the range table (`profile_report.range_table`) and the per-step stage times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from draftgraph.graphs.spans import record_spans, span_label, trace_spans
+
+from .profile_report import range_table, step_stages, trace_ranges, write_stage_plot
+from .profile_windows import Window, check_windows
+
+__all__ = ["STAGES_PLOT", "StepProfiler", "profile_steps"]
+
+logger = logging.getLogger(__name__)
+
+TRACE_FILE = "trace.json"
+STAGES_PLOT = "stages.svg"
+ALL_STEPS: Window = (0, sys.maxsize)
+
+
+class StepProfiler:
+    """Records the engine steps inside ``windows`` (None: every step). The engine calls
+    `before_step` / `after_step` around each step; `close` stops a window still open, writes
+    the trace and returns the summary."""
+
+    def __init__(self, out_dir: str | os.PathLike[str] | None, windows: Sequence[Sequence[int]] | None = None,
+                 spans_only: bool = False, cuda_profiler: bool | None = None) -> None:
+        if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir)):
+            raise ValueError(f"out_dir={out_dir!r}: must be a non-empty path or None")
+        self.out_dir = None if out_dir is None else os.fspath(out_dir)
+        self.windows = (ALL_STEPS,) if windows is None else check_windows(windows)
+        self.spans_only = bool(spans_only)
+        self.cuda_profiler = torch.cuda.is_available() if cuda_profiler is None else bool(cuda_profiler)
+        self._stack: contextlib.ExitStack | None = None
+        self._window_events: list[dict[str, Any]] = []  # the span tracer's, in a spans-only window
+        self._window_records: list[tuple[str, dict[str, Any]]] = []  # spans seen by the torch profiler
+        self._torch_prof: Any = None
+        self._events: list[dict[str, Any]] = []
+        self._labels: set[str] = set()
+        self._meta: dict[str, Any] = {}
+        self._steps_recorded = 0
+        self._wall_s = 0.0
+        self._t0 = 0.0
+        self._closed = False
+        if self.out_dir is not None:
+            os.makedirs(self.out_dir, exist_ok=True)
+
+    @property
+    def recording(self) -> bool:
+        """True inside a window."""
+        return self._stack is not None
+
+    def before_step(self, index: int) -> None:
+        """Open a window when step ``index`` lies in one (its first step, or a later one when
+        the profiler was attached mid-window)."""
+        if self._stack is None and not self._closed and any(a <= index <= b for a, b in self.windows):
+            self._start()
+        if self._stack is not None:
+            self._steps_recorded += 1
+
+    def after_step(self, index: int) -> None:
+        """Close the window when step ``index`` ends one."""
+        if self._stack is not None and any(index == b for _, b in self.windows):
+            self._stop()
+
+    def _start(self) -> None:
+        stack = contextlib.ExitStack()
+        if self.cuda_profiler:
+            torch.cuda.profiler.start()
+            stack.callback(torch.cuda.profiler.stop)
+        if self.out_dir is not None:
+            if self.spans_only:
+                self._window_events = stack.enter_context(trace_spans())
+            else:
+                self._window_records = stack.enter_context(record_spans())
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self._torch_prof = stack.enter_context(torch.profiler.profile(activities=activities))
+        self._stack = stack
+        self._t0 = time.perf_counter()
+        logger.info("profiling window opened (%s)", "spans only" if self.spans_only else "torch profiler")
+
+    def _stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._wall_s += time.perf_counter() - self._t0
+        stack.close()
+        if self.out_dir is None:
+            return
+        if self.spans_only:
+            self._events.extend(sorted(self._window_events, key=lambda e: e["ts"]))
+            return
+        self._labels.update(span_label(n, a) for n, a in self._window_records)
+        part = os.path.join(self.out_dir, f".window-{len(self._meta.get('windows', []))}.json")
+        self._torch_prof.export_chrome_trace(part)
+        self._torch_prof = None
+        with open(part) as f:
+            doc = json.load(f)
+        os.remove(part)
+        self._events.extend(doc.pop("traceEvents", []))
+        self._meta.setdefault("windows", []).append(doc)
+
+    def close(self) -> dict[str, Any]:
+        """Stop an open window; write ``out_dir/trace.json`` (and ``stages.svg`` with matplotlib);
+        return the summary: trace path and bytes, windows, steps recorded, the range table
+        (``ranges``), the per-step stage times (``steps``) and span counts per name (``spans``)."""
+        if self._stack is not None:
+            self._stop()
+        self._closed = True
+        summary: dict[str, Any] = {"windows": [list(w) for w in self.windows if w != ALL_STEPS] or "all",
+                                   "mode": "spans_only" if self.spans_only else "ops",
+                                   "cuda_profiler_api": self.cuda_profiler,
+                                   "steps_recorded": self._steps_recorded, "wall_s": round(self._wall_s, 4)}
+        if self.out_dir is None:
+            return summary
+        path = os.path.join(self.out_dir, TRACE_FILE)
+        doc = {"traceEvents": self._events, "displayTimeUnit": "ms"}
+        if self._meta.get("windows"):
+            first = self._meta["windows"][0]
+            doc.update({k: v for k, v in first.items() if k not in doc})
+            doc["traceName"] = path  # not the first window's temporary file
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        ranges = trace_ranges(self._events, None if self.spans_only else self._labels)
+        steps = step_stages(ranges)
+        counts: dict[str, int] = {}
+        for e in ranges:
+            name = e["name"].split("[", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+        summary.update(trace=path, trace_bytes=os.path.getsize(path), ranges=range_table(ranges),
+                       steps=steps, spans=dict(sorted(counts.items())),
+                       stages_svg=write_stage_plot(steps, os.path.join(self.out_dir, STAGES_PLOT)))
+        return summary
+
+
+@contextlib.contextmanager
+def profile_steps(engine: Any, out_dir: str | os.PathLike[str] | None,
+                  windows: Sequence[Sequence[int]] | None = None, spans_only: bool = False,
+                  cuda_profiler: bool | None = None) -> Iterator[dict[str, Any]]:
+    """Attach a `StepProfiler` to ``engine`` for the body (for hosts that drive ``engine.step()``
+    themselves); yields a dict filled with the summary at exit (also when the body raises)."""
+    if engine.profiler is not None:
+        raise ValueError("engine.profiler: a StepProfiler is already attached")
+    profiler = StepProfiler(out_dir, windows, spans_only, cuda_profiler)
+    summary: dict[str, Any] = {}
+    engine.profiler = profiler
+    try:
+        yield summary
+    finally:
+        engine.profiler = None
+        summary.update(profiler.close())

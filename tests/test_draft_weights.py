@@ -1,0 +1,250 @@
+"""Draft weights refit in place under live graphs: checked first, copied at a step boundary,
+never read stale, and a drafter that stops helping is noticed."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+
+import pytest
+import torch
+from engine_support import MAX_NEW, models, prompts, reference
+
+from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.runtime import (
+    CudaGraphConfig,
+    EagleDraftWorker,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    StaleWeightsError,
+)
+from draftgraph.runtime.engine import AcceptanceWatch, SpecDecodeEngine
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+
+
+def _args(spec: SpeculativeConfig | None = None, max_bs: int = 4) -> RuntimeArgs:
+    spec = spec or SpeculativeConfig(3, 1)
+    return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)), max_running_requests=8)
+
+
+def _random_like(sd: dict, seed: int = 1) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=gen, dtype=v.dtype) * float(v.float().std() + 0.1)
+            for k, v in sd.items()}
+
+
+def _phase(engine: SpecDecodeEngine, n: int = 8) -> tuple[list[list[int]], float]:
+    """Serve n prompts; (outputs, mean acceptance length of this phase)."""
+    engine.reset_stats()
+    outs = engine.generate([list(p) for p in prompts()[:n]], MAX_NEW)
+    return outs, engine.stats()["accept_length_mean"]
+
+
+@pytest.mark.parametrize("backend", ["eager", "trace"])
+def test_random_weights_then_the_original_ones(backend):
+    target, head = models()
+    original = {k: v.clone() for k, v in head.state_dict().items()}
+    engine = SpecDecodeEngine(_args(), target, head, backend=backend, capture="blocking",
+                              acceptance_watch=None)
+    ptrs = [p.data_ptr() for p in engine.drafter.head.parameters()]
+    outs, base = _phase(engine)
+    assert outs == reference()[:8] and base > 2.0
+    assert engine.update_draft_weights(_random_like(original)) == 1
+    outs, low = _phase(engine)
+    assert outs == reference()[:8] and low < 1.1  # lossless, the drafter no longer helps
+    assert engine.update_draft_weights(original) == 2
+    outs, back = _phase(engine)
+    assert outs == reference()[:8] and back == base  # exactly the base figure again
+    assert [p.data_ptr() for p in engine.drafter.head.parameters()] == ptrs  # in place
+    w = engine.stats()["draft_weights"]
+    assert w["version"] == w["updates"] == 2 and w["updated_at"] is not None and not w["pending"]
+    if backend == "trace":
+        assert engine.stats()["graph_replays"] > 0 and engine.worker.reload_log.requested == 0
+
+
+def test_the_passed_model_is_copied():
+    target, shared = models()
+    head = copy.deepcopy(shared)  # the cached models are shared by the tests: zero a copy
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager")
+    assert engine.drafter.head is not head
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()  # the caller's model: the engine serves its own copy
+    outs, acc = _phase(engine, 4)
+    assert outs == reference()[:4] and acc > 2.0
+
+
+BAD = [
+    ("missing", lambda sd: {k: v for k, v in sd.items() if k != "fc.weight"}, ValueError,
+     "missing keys \\['fc.weight'\\]"),
+    ("unknown", lambda sd: {**sd, "extra.weight": torch.zeros(2)}, ValueError,
+     "unknown keys \\['extra.weight'\\]"),
+    ("shape", lambda sd: {**sd, "wo.weight": sd["wo.weight"][:, :-1]}, ValueError,
+     "state_dict\\['wo.weight'\\] has shape"),
+    ("dtype", lambda sd: {**sd, "fc.weight": sd["fc.weight"].double()}, TypeError,
+     "state_dict\\['fc.weight'\\] has dtype torch.float64"),
+    ("nan", lambda sd: {**sd, "mlp.up.weight": sd["mlp.up.weight"].clone().fill_(float("nan"))}, ValueError,
+     "state_dict\\['mlp.up.weight'\\] holds NaN"),
+    ("inf", lambda sd: {**sd, "wq.weight": torch.full_like(sd["wq.weight"], float("inf"))}, ValueError,
+     "'wq.weight'\\] holds NaN or inf"),
+    ("device", lambda sd: {**sd, "wq.weight": sd["wq.weight"].to("meta")}, ValueError, "'wq.weight'\\] is on meta"),
+    ("not a tensor", lambda sd: {**sd, "wq.weight": [1.0, 2.0]}, TypeError, "state_dict\\['wq.weight'\\]=list"),
+    ("not a mapping", lambda sd: list(sd.items()), TypeError, "must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("case,make,exc,match", BAD, ids=[b[0] for b in BAD])
+def test_a_bad_state_dict_changes_nothing(case, make, exc, match):
+    target, head = models()
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager")
+    before = {k: v.clone() for k, v in engine.drafter.head.state_dict().items()}
+    with pytest.raises(exc, match=match):
+        engine.update_draft_weights(make(_random_like(before)))
+    assert not engine.stats()["draft_weights"]["pending"]
+    engine.step()
+    after = engine.drafter.head.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert engine.stats()["draft_weights"]["version"] == 0
+
+
+def test_strict_false_updates_a_subset():
+    target, head = models()
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager")
+    new = torch.randn_like(engine.drafter.head.fc.weight)
+    engine.update_draft_weights({"fc.weight": new}, strict=False)
+    engine.step()
+    assert torch.equal(engine.drafter.head.fc.weight, new)
+
+
+def test_an_update_from_another_thread_while_8_requests_run():
+    target, head = models()
+    original = {k: v.clone() for k, v in head.state_dict().items()}
+    engine = SpecDecodeEngine(_args(), target, head, backend="trace", capture="blocking")
+    ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:8]]
+    steps = [0]
+    errors: list[BaseException] = []
+    go = threading.Event()
+
+    def updater():
+        try:
+            go.wait(30)
+            engine.update_draft_weights(_random_like(original))
+            while engine.stats()["draft_weights"]["pending"]:
+                go.wait(0.001)
+            engine.update_draft_weights(original)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=updater)
+    t.start()
+    while engine.has_work():
+        engine.step()
+        steps[0] += 1
+        if steps[0] == 2:
+            go.set()
+    t.join(timeout=60)
+    assert not t.is_alive() and not errors
+    assert [engine.pop_result(i) for i in ids] == reference()[:8]
+    engine.step()  # the second update lands at a boundary even if the requests ended first
+    assert engine.stats()["draft_weights"]["version"] == 2
+
+
+def test_a_replaced_parameter_is_refused_never_read_stale():
+    target, head = models()
+    engine = SpecDecodeEngine(_args(), target, head, backend="trace", capture="blocking")
+    ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:4]]
+    engine.step()
+    same = {k: v.clone() for k, v in engine.drafter.head.state_dict().items()}
+    engine.drafter.head.load_state_dict(same, assign=True)  # new storage, same values
+    with pytest.raises(StaleWeightsError, match=r"draft parameter '.*' was replaced .*update_draft_weights"):
+        engine.step()
+    engine.request_reload(engine.args)  # the way out it names: capture again
+    while engine.has_work():
+        engine.step()
+    assert [engine.pop_result(i) for i in ids] == reference()[:4]
+    assert engine.stats()["graph_replays"] > 0
+
+
+def _tiny_worker(backend: str, model: TinyDraftModel) -> EagleDraftWorker:
+    w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=(2, 4)))),
+                         model)
+    if backend != "eager":
+        w.capture_graphs(backend)
+    return w
+
+
+def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
+    return [t.clone() for t in w.draft_forward(make_draft_input(b, 2, seed=seed))]
+
+
+@pytest.mark.parametrize("backend", [
+    "trace", pytest.param("compile", marks=pytest.mark.skipif(not compiler_available(),
+                                                              reason="no C++ compiler for inductor"))])
+def test_graphs_read_the_new_weights_after_an_update(backend):
+    """No backend freezes weights into its code: after an in-place update a replay equals a
+    fresh eager worker built on the new weights."""
+    w = _tiny_worker(backend, TinyDraftModel(seed=0))
+    fresh_model = TinyDraftModel(seed=7)
+    before = _outputs(w, 3, 11)
+    assert w.update_draft_weights(fresh_model.state_dict()) == 1
+    replays = w.counters.graph_replays
+    got = _outputs(w, 3, 11)  # the update lands at the start of this step
+    assert w.counters.graph_replays == replays + 1 and w.weights.version == 1
+    want = _outputs(_tiny_worker("eager", fresh_model), 3, 11)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+    assert any(not torch.equal(g, b) for g, b in zip(got, before))  # the weights mattered
+
+
+def test_worker_refuses_a_replaced_parameter_by_name():
+    model = TinyDraftModel(seed=0)
+    w = _tiny_worker("trace", model)
+    _outputs(w, 2, 1)
+    model.mix = torch.nn.Parameter(model.mix.detach().clone(), requires_grad=False)
+    with pytest.raises(StaleWeightsError, match="draft parameter 'mix' was replaced"):
+        _outputs(w, 2, 1)
+    eager = _tiny_worker("eager", model)  # no graph: eager reads the module as it is now
+    _outputs(eager, 2, 1)
+
+
+def test_a_drafter_that_stops_helping_is_noticed_once(caplog):
+    target, head = models()
+    original = {k: v.clone() for k, v in head.state_dict().items()}
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager",
+                              acceptance_watch=AcceptanceWatch(window_steps=8, min_accept_length=1.1))
+    with caplog.at_level(logging.WARNING, logger="draftgraph.runtime.engine.acceptance"):
+        _phase(engine, 16)
+        assert engine.stats()["acceptance_watch"]["window_mean"] is not None  # the window filled
+        assert engine.stats()["acceptance_watch"]["warnings"] == 0
+        engine.update_draft_weights(_random_like(original))
+        _phase(engine, 16)
+    watch = engine.stats()["acceptance_watch"]
+    assert watch["low"] and watch["warnings"] == 1 and watch["window_mean"] < 1.1
+    assert watch["last_warning"]["weights_version"] == 1 and watch["last_warning"]["window_steps"] == 8
+    lines = [r.getMessage() for r in caplog.records if "draft acceptance is low" in r.getMessage()]
+    assert len(lines) == 1 and "over the last 8 steps" in lines[0] and "version 1" in lines[0]
+    engine.update_draft_weights(original)
+    _phase(engine, 16)
+    assert not engine.stats()["acceptance_watch"]["low"]
+
+
+@pytest.mark.parametrize("bad", [dict(window_steps=0), dict(min_accept_length=0.5),
+                                 dict(window_steps=True), dict(min_accept_length="1.2")])
+def test_acceptance_watch_validation(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        AcceptanceWatch(**bad)
+
+
+def test_multi_layer_engine_updates_in_place():
+    target, draft = models("multi_layer")
+    engine = SpecDecodeEngine(_args(), target, draft, backend="eager")
+    original = {k: v.clone() for k, v in draft.state_dict().items()}
+    _, base = _phase(engine, 4)
+    engine.update_draft_weights(_random_like(original))
+    outs, low = _phase(engine, 4)
+    assert outs == reference()[:4] and low < base
+    engine.update_draft_weights(original)
+    outs, back = _phase(engine, 4)
+    assert outs == reference()[:4] and back == base
