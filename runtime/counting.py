@@ -48,6 +48,10 @@ class CounterLedger:
         fin = weakref.finalize(state, _retire, self._retired, state.counts, state.replays)
         fin.atexit = False
 
+    def live_states(self) -> list[RuntimeState]:
+        """The tracked states not collected yet (active, candidates, a reload being prepared)."""
+        return list(self._live)
+
     def snapshot(self, reloads: int, failed_reloads: int) -> DraftCounters:
         """The worker's counters now."""
         r = self._retired

@@ -85,6 +85,10 @@ class EagleDraftWorkerBase(ReloadMixin):
         log = self.reload_log
         return self._ledger.snapshot(log.succeeded, log.failed)
 
+    def live_states(self) -> list[RuntimeState]:
+        """Every state of this worker not garbage collected yet (metrics read their figures)."""
+        return self._ledger.live_states()
+
     @property
     def spec(self) -> SpeculativeConfig:
         """The active draft shape (S, k, N)."""

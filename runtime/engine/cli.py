@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                           "cudaProfilerStart/Stop on a GPU")
     sim.add_argument("--profile-spans-only", action="store_true",
                      help="with --profile: draftgraph's ranges only, no aten ops (a few KB per step)")
+    sim.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                     help="serve Prometheus /metrics on 127.0.0.1:PORT while running (0: a free port)")
+    sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
     _spec_flags(gen)
@@ -170,9 +173,13 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            poll_every=ns.poll_every, capture=ns.capture)
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
+    registry = _metrics_registry(ns)
     with record_spans() as spans:
-        report = run_simulation(cfg, sighup=None, reload_signal=reload_signal)
+        report = run_simulation(cfg, sighup=None, reload_signal=reload_signal, registry=registry)
     report["spans"] = _span_summary(spans)
+    if ns.metrics_file:
+        from prometheus_client import generate_latest
+        Path(ns.metrics_file).write_bytes(generate_latest(registry))
     if ns.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -181,6 +188,27 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         print("draftgraph: simulate interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _metrics_registry(ns: argparse.Namespace) -> Any:
+    """A registry for --metrics-port / --metrics-file (None without them); the server starts
+    here so that a port in use fails before the models load."""
+    if ns.metrics_port is None and not ns.metrics_file:
+        return None
+    if ns.world_size > 1:
+        raise ValueError(f"--world-size={ns.world_size}: --metrics-port/--metrics-file serve one process only")
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError as exc:
+        raise ValueError("--metrics-port/--metrics-file: needs prometheus_client "
+                         "(pip install 'draftgraph[metrics]')") from exc
+    from .metrics import serve_metrics
+
+    registry = CollectorRegistry()
+    if ns.metrics_port is not None:
+        port = serve_metrics(ns.metrics_port, registry)
+        print(f"draftgraph: metrics at http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
+    return registry
 
 
 def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig) -> int:

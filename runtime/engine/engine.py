@@ -550,6 +550,9 @@ class SpecDecodeEngine:
                 self.drafter.extend(reqs, hidden, acc, lens.tolist(), alive)
         st.verify_steps += 1
         st.request_verifies += b
+        st.draft_tokens += b * (n - 1)
+        if not off:
+            st.drafts += b
         st.batch_sizes[b] = st.batch_sizes.get(b, 0) + 1
         for r in reqs:
             if r.done:
@@ -578,6 +581,7 @@ class SpecDecodeEngine:
             r.verify_steps += 1
             r.accepted += len(path)
             st.committed += len(path)
+            st.count_accepted(len(path) - 1)
             before = len(r.output)
             r.emit(toks, self.eos_id)
             st.tokens_generated += len(r.output) - before

@@ -101,7 +101,7 @@ def _take(engine: SpecDecodeEngine, rid: int) -> list[int]:
 
 def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, "SIGHUP", None),
                    rank: int | None = None, world_size: int = 1,
-                   reload_signal: ProcessReloadSignal | None = None) -> dict[str, Any]:
+                   reload_signal: ProcessReloadSignal | None = None, registry: Any = None) -> dict[str, Any]:
     """Serve ``cfg.requests`` seeded requests; returns the report (see the CLI). With ``rank``
     (inside `spawn_ranks`) the engine serves under a `RankCoordinator` and the reload at
     ``reload_at`` is proposed by the last rank only.
@@ -109,19 +109,21 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, 
     ``sighup`` is taken from the start (before the models load) to the end (see
     `ProcessReloadSignal`); a caller that owns a longer life (the CLI) passes its own
     ``reload_signal`` instead. Ctrl-C (KeyboardInterrupt) in the loop ends it: the report then
-    covers what finished, ``interrupted`` is True and there is no greedy baseline."""
+    covers what finished, ``interrupted`` is True and there is no greedy baseline. With
+    ``registry`` (a prometheus_client registry) the engine's metrics are registered in it and stay
+    there after the run."""
     own = None
     if reload_signal is None and sighup is not None:
         own = reload_signal = ProcessReloadSignal(cfg.reload_config, signum=sighup).install()
     try:
-        return _run_simulation(cfg, rank, world_size, reload_signal)
+        return _run_simulation(cfg, rank, world_size, reload_signal, registry)
     finally:
         if own is not None:
             own.uninstall()
 
 
 def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
-                    reload_signal: ProcessReloadSignal | None) -> dict[str, Any]:
+                    reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
     rss0 = _rss_mib()
     target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
     rng = random.Random(cfg.seed)
@@ -138,6 +140,9 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
+    if registry is not None:
+        from .metrics import register_engine_metrics
+        register_engine_metrics(engine, registry)
     rss_setup = _rss_mib() - rss0
     if reload_signal is not None:
         reload_signal.attach(engine)  # one that came while loading is requested now
@@ -189,6 +194,8 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
+        "drafts": st["drafts"], "draft_tokens": st["draft_tokens"],
+        "accepted_tokens": st["committed"] - st["request_verifies"], "accepted_per_pos": st["accepted_per_pos"],
         "steps_per_state": st["steps_per_state"], "schedule": st["schedule"],
         "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],

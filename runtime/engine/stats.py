@@ -26,6 +26,9 @@ class EngineStats:
     verify_steps: int = 0
     request_verifies: int = 0  # sum over verify steps of the batch size
     committed: int = 0  # tokens committed by verifies (accepted drafts + bonus)
+    drafts: int = 0  # requests drafted for (per verify step with speculation on: not S=0 steps)
+    draft_tokens: int = 0  # draft tokens verified (N - 1 per request per verify step)
+    accepted_per_pos: dict[int, int] = field(default_factory=dict)  # drafts accepted at position i
     tokens_generated: int = 0
     requests_finished: int = 0
     requests_aborted: int = 0  # ended by abort_request
@@ -46,6 +49,12 @@ class EngineStats:
                 yield
         finally:
             self.stage_s[stage] += time.perf_counter() - start
+
+    def count_accepted(self, accepted: int) -> None:
+        """One draft's accepted tokens (bonus not counted): positions 0..accepted-1 each count it."""
+        per_pos = self.accepted_per_pos
+        for pos in range(accepted):
+            per_pos[pos] = per_pos.get(pos, 0) + 1
 
     @property
     def accept_length_mean(self) -> float:
