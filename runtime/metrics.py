@@ -38,7 +38,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_capacity_fallbacks": ("counter", "Fast-path steps beyond the topology buffers' rows."),
     "draftgraph_state_switches": ("counter", "Switches of the active runtime state."),
     "draftgraph_topology_rebuilds": ("counter", "Topology-buffer rebuilds."),
-    "draftgraph_reloads": ("counter", "Reloads, by result (ok, failed)."),
+    "draftgraph_reloads": (
+        "counter", "Reloads, by result (ok, failed, superseded: replaced by a newer request first)."),
+    "draftgraph_reload_requests": ("counter", "Reloads requested (request_reload, direct reloads, prepares)."),
     "draftgraph_generation": ("gauge", "Committed reloads so far (the serving generation)."),
     "draftgraph_active_num_steps": ("gauge", "Draft steps S of the active state."),
     "draftgraph_active_num_draft_tokens": ("gauge", "Verify width N of the active state."),
@@ -68,6 +70,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_requests_failed": ("counter", "Requests that failed while admitted."),
     "draftgraph_stage_seconds": ("counter", "Host wall seconds spent per engine stage."),
     "draftgraph_startup_seconds": ("gauge", "Seconds from engine construction to the first servable step."),
+    "draftgraph_draft_weights_version": (
+        "gauge", "Draft weights version: in-place updates applied (update_draft_weights)."),
+    "draftgraph_draft_weights_updated_timestamp_seconds": (
+        "gauge", "Unix time of the last draft weights update (0 before any)."),
+    "draftgraph_acceptance_low": ("gauge", "1 while the acceptance watch finds the drafter no longer helping."),
     "draftgraph_graphs_ready_seconds": (
         "gauge", "Seconds from engine construction until no capture unit was pending (absent until then)."),
     # several ranks
@@ -239,6 +246,10 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_topology_rebuilds", labels, c.rebuilds)
     add("draftgraph_reloads", {**labels, "result": "ok"}, c.reloads)
     add("draftgraph_reloads", {**labels, "result": "failed"}, c.failed_reloads)
+    log = getattr(worker, "reload_log", None)
+    if log is not None:
+        add("draftgraph_reloads", {**labels, "result": "superseded"}, log.superseded)
+        add("draftgraph_reload_requests", labels, log.requested)
     active = worker.state
     add("draftgraph_generation", labels, worker.generation)
     add("draftgraph_active_num_steps", labels, active.spec.num_steps)

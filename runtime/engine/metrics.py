@@ -44,6 +44,12 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     for stage, seconds in list(st.stage_s.items()):
         add("draftgraph_stage_seconds", {**labels, "stage": stage}, seconds)
     add("draftgraph_startup_seconds", labels, engine.startup_s)
+    weights = engine._weights  # noqa: SLF001
+    add("draftgraph_draft_weights_version", labels, weights.version)
+    add("draftgraph_draft_weights_updated_timestamp_seconds", labels, weights.updated_at or 0.0)
+    watch = engine._acceptance  # noqa: SLF001
+    if watch is not None:
+        add("draftgraph_acceptance_low", labels, 1 if watch.low else 0)
     ready = _graphs_ready_s(engine)
     if ready is not None:
         add("draftgraph_graphs_ready_seconds", labels, ready)
