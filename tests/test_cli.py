@@ -78,8 +78,9 @@ def test_simulate_two_ranks_same_generation_every_step(tmp_path):
 
 
 def test_simulate_profile_writes_trace_with_spans(tmp_path):
+    # blocking capture: every step replays (in the background a loaded machine may finish first)
     p = _run("simulate", "--requests", "2", "--adaptive", "", "--no-greedy", "--json", "--backend", "trace",
-             "--profile", str(tmp_path))
+             "--capture", "blocking", "--profile", str(tmp_path))
     assert p.returncode == 0, p.stderr
     trace = (tmp_path / "trace.json").read_text()
     assert '"replay[bs=' in trace  # draftgraph's spans are in the torch-profiler trace
