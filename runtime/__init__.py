@@ -3,7 +3,8 @@
 The public API (`__all__`, sorted) is what a serving engine needs, by job:
 
 - configuration: `RuntimeArgs`, `SpeculativeConfig`, `CudaGraphConfig`, `PhaseGraphConfig`,
-  `ConfigTypeError`, `chain_capacity`, `parse_tree_choices`, `load_runtime_args`;
+  `ConfigTypeError`, `chain_capacity`, `parse_tree_choices`, `load_runtime_args`,
+  `SpeculationSchedule`;
 - draft workers: `EagleDraftWorker`, `MultiLayerEagleDraftWorker`, `EagleDraftWorkerBase`,
   `DraftInput`, `DraftResult`, `DraftCounters`;
 - runtime states, reload, adaptive S: `RuntimeState`, `StateStats`, `ReloadError`,
@@ -39,6 +40,7 @@ from .organize import fast_topk, organize_draft_results, select_top_k_tokens  # 
 from .ranks.coordinator import RankCoordinator  # several ranks
 from .ranks.launch import spawn_ranks  # several ranks
 from .reload import RELOAD_POLICIES, ReloadError  # runtime states, reload
+from .schedule import SpeculationSchedule  # configuration
 from .sglang.adapter import install_chain_buffers  # SGLang drop-in
 from .sglang.config import runtime_args_from_sglang  # SGLang drop-in
 from .state import DraftCounters, RuntimeState, StateStats  # runtime states
@@ -72,6 +74,7 @@ __all__ = [
     "ReloadError",
     "RuntimeArgs",
     "RuntimeState",
+    "SpeculationSchedule",
     "SpeculativeConfig",
     "StaleWeightsError",
     "StateStats",
