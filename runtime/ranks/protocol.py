@@ -202,6 +202,10 @@ class RankProtocol:
         for r, key in keys.items():
             if r in missing:
                 continue
+            # a voter that timed out waiting for our decision decided itself and dropped its vote:
+            # skip it (reading a deleted key would block for the whole store timeout)
+            if not self._store.check([key]):
+                continue
             raw = self._store.get(key)
             votes[r] = None if raw == b"ok" else raw[len(b"fail:"):].decode(errors="replace")
         return votes, missing
