@@ -184,13 +184,14 @@ class ReloadMixin:
 
     def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
                        backend: str | None = None, *, background: bool = False,
-                       requested: bool = False) -> PreparedReload:
+                       requested: bool = False, graphs: bool = True) -> PreparedReload:
         """Phase one of a two-phase reload (several ranks): build and capture the new state
         aside; the active state keeps serving (``release_first`` releases its graphs first).
         ``background=True`` queues the capture instead (`capture_graphs`): commit when
         `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit_reload`
         or `discard_reload`. ``requested=True``: the reload was already counted by
-        `request_reload` (a host applying a request it took)."""
+        `request_reload` (a host applying a request it took). ``graphs=False``: the new state
+        gets no graphs (a host that serves other states of its own, a schedule's band states)."""
         self._require_direct("prepare_reload")
         try:
             self._check_reload(new_args, policy)
@@ -201,7 +202,7 @@ class ReloadMixin:
         if not requested:
             self.reload_log.requested += 1
         with self.slot.lock, span("reload_prepare", policy=policy):
-            return self._prepare(new_args, policy, backend, background)
+            return self._prepare(new_args, policy, backend, background, graphs)
 
     def commit_reload(self, prepared: PreparedReload) -> None:
         """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
@@ -224,10 +225,12 @@ class ReloadMixin:
                 self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
 
     def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None,
-                 background: bool = False) -> PreparedReload:
+                 background: bool = False, graphs: bool = True) -> PreparedReload:
         """Build (and capture) the new state; the caller holds the lock and checked the args."""
         old = self.slot.active
-        if backend is None:  # the worker's backend, whatever the current state has (none after
+        if not graphs:
+            backend = None
+        elif backend is None:  # the worker's backend, whatever the current state has (none after
             # a failed release_first reload)
             backend = self.graph_backend
             if backend is None and old.graphs is not None:

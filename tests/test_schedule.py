@@ -142,6 +142,27 @@ def test_reload_keeps_serving_the_schedule_losslessly():
     assert engine.stats()["schedule"]["schedule"] == "1:2,3:4"
 
 
+@pytest.mark.parametrize("capture", ["blocking", "background"])
+def test_a_reload_under_a_schedule_captures_only_band_states(capture):
+    target, head = models()
+    engine = SpecDecodeEngine(_args(schedule="1:3,3:2"), target, head, backend="trace", capture=capture)
+    ids = [engine.add_request(list(p), 20) for p in prompts()[:4]]
+    engine.step()
+    engine.request_reload(_args(SpeculativeConfig(4, 1), schedule="1:4,3:2"))
+    engine.step()
+    assert engine.worker.generation == 1
+    record = engine.worker.reload_history[-1]
+    assert record["ok"] and record["capture_s"] == 0.0 and record["capture_bytes"] == 0  # no full grid
+    assert engine.worker.wait_graphs(120)
+    states = engine.scheduler.states()
+    assert sorted(tuple(s.capture_sizes) for s in states) == [(1, 2), (3, 4, 5, 6, 7, 8)]
+    assert all(s.graphs is not None for s in states)
+    while engine.has_work():
+        engine.step()
+    assert [engine.pop_result(i) for i in ids] == greedy_generate(target, [list(p) for p in prompts()[:4]], 20)
+    assert engine.stats()["graph_replays"] > 0
+
+
 def test_schedule_checked_against_the_drafter():
     target, draft = models("multi_layer")
     with pytest.raises(ValueError, match=r"schedule band 1 \(4\+\): S=6: the multi-layer draft has 5 layers"):

@@ -172,6 +172,11 @@ class SpecDecodeEngine:
             layers = getattr(getattr(self.drafter, "draft_model", None), "max_steps", None)
             check_schedule(schedule, args.speculative, layers)
 
+    def _scheduled(self, args: RuntimeArgs) -> bool:
+        """True when a schedule will serve ``args`` (its band states capture; the args' own
+        state needs no graphs)."""
+        return args.schedule is not None or self._schedule is not None
+
     def _release_adaptive(self) -> None:
         """Release the adaptive controller's or the schedule's states not active now."""
         if self.controller is not None:
@@ -257,7 +262,8 @@ class SpecDecodeEngine:
             return
         self._release_adaptive()
         try:
-            prepared = self.worker.prepare_reload(new_args, policy, requested=True)
+            prepared = self.worker.prepare_reload(new_args, policy, requested=True,
+                                                  graphs=not self._scheduled(new_args))
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
             self._rebuild_adaptive()
@@ -285,7 +291,7 @@ class SpecDecodeEngine:
             self._release_adaptive()
         try:
             prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
-                                                  requested=True)
+                                                  requested=True, graphs=not self._scheduled(new_args))
         except (ReloadError, ValueError) as exc:
             self._reload_rejected(exc)
             if policy == "release_first":
