@@ -195,17 +195,21 @@ def suppress_spans() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def record_spans() -> Iterator[list[SpanRecord]]:
-    """Collect ``(name, attrs)`` of every span entered while active (even with NVTX/profiler off)."""
-    records: list[SpanRecord] = []
-    _SWITCH.recorders.append(records)
+def _listening(listeners: list[list[Any]], sink: list[Any]) -> Iterator[list[Any]]:
+    """Attach ``sink`` to ``listeners`` (the switch's recorders or tracers) while active."""
+    listeners.append(sink)
     _SWITCH.refresh()
     try:
-        yield records
+        yield sink
     finally:
-        # by identity: list.remove would match an equal (e.g. empty) outer recorder
-        _SWITCH.recorders[:] = [r for r in _SWITCH.recorders if r is not records]
+        # by identity: list.remove would match an equal (e.g. empty) outer sink
+        listeners[:] = [x for x in listeners if x is not sink]
         _SWITCH.refresh()
+
+
+def record_spans() -> contextlib.AbstractContextManager[list[SpanRecord]]:
+    """Collect ``(name, attrs)`` of every span entered while active (even with NVTX/profiler off)."""
+    return _listening(_SWITCH.recorders, [])
 
 
 def _trace_event(name: str, attrs: dict[str, Any], t0: int, t1: int) -> None:
@@ -217,19 +221,11 @@ def _trace_event(name: str, attrs: dict[str, Any], t0: int, t1: int) -> None:
         tracer.append(event)
 
 
-@contextlib.contextmanager
-def trace_spans() -> Iterator[list[SpanEvent]]:
+def trace_spans() -> contextlib.AbstractContextManager[list[SpanEvent]]:
     """Collect every span finished while active as a Chrome trace complete event (``name`` the
     label, ``cat`` "draftgraph", ``ts``/``dur`` in µs, ``args.span`` the bare name): draftgraph's
     ranges with no torch profiler and no aten ops, a few hundred bytes per span."""
-    events: list[SpanEvent] = []
-    _SWITCH.tracers.append(events)
-    _SWITCH.refresh()
-    try:
-        yield events
-    finally:
-        _SWITCH.tracers[:] = [t for t in _SWITCH.tracers if t is not events]
-        _SWITCH.refresh()
+    return _listening(_SWITCH.tracers, [])
 
 
 if os.environ.get("DRAFTGRAPH_NVTX", "").strip().lower() in {"1", "true", "yes", "on"}:
