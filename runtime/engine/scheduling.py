@@ -13,6 +13,7 @@ batch size.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,9 @@ from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
 
 __all__ = ["BandScheduler", "band_capture_sizes", "check_schedule"]
 
-_CODE = 1000  # a shared choice encodes band * _CODE + S (S <= 64)
+logger = logging.getLogger(__name__)
+
+_CODE = 1000  # a shared choice encodes band * _CODE + S + 1 (S <= 64; 0 is "no choice")
 
 
 def band_capture_sizes(grid: Sequence[int], band: ScheduleBand) -> list[int]:
@@ -95,9 +98,7 @@ class BandScheduler:
         """Take this step's band and S (0: speculation off) and make its state active."""
         band, s = self._local(batch_size)
         if self.coordinator is not None:
-            first = self.controllers[0]
-            initial = first.choose() if first is not None else 0
-            band, s = divmod(self.coordinator.shared_choice(band * _CODE + s, initial=initial), _CODE)
+            band, s = self._shared(band, s)
         if self.band is not None and band != self.band:
             self.band_switches += 1
         self.band, self.s = band, s
@@ -112,6 +113,29 @@ class BandScheduler:
                 with span("adaptive_switch", num_steps=s):
                     self.worker.apply_runtime_state(state)
         return s
+
+    def _shared(self, band: int, s: int) -> tuple[int, int]:
+        """The coordinator's shared (band, S) for this step; ``(band, s)`` is this rank's own pick.
+
+        Encoded ``band * _CODE + S + 1``: a word's choice 0 means "no choice", and band 0 at
+        S=0 (a band that does not speculate) must still be a choice. A code that names no state
+        of this schedule (one made under another schedule) is never indexed: it is logged and
+        the schedule's initial choice, equal on every rank, is served instead."""
+        first = self.controllers[0]
+        initial = (first.choose() if first is not None else 0) + 1
+        code = self.coordinator.shared_choice(band * _CODE + s + 1, initial=initial)
+        band, s = divmod(code - 1, _CODE)
+        if self._servable(band, s):
+            return band, s
+        logger.error("shared choice %d (band %d, S=%d) names no state of schedule %s: serving its "
+                     "initial choice", code, band, s, self.schedule.text())
+        return divmod(initial - 1, _CODE)
+
+    def _servable(self, band: int, s: int) -> bool:
+        if not 0 <= band < len(self.bands):
+            return False
+        ctrl = self.controllers[band]
+        return s == 0 if ctrl is None else s in ctrl.states
 
     def observe(self, accepted_tokens: float) -> None:
         """Feed the band served this step its acceptance (accepted draft tokens per request)."""

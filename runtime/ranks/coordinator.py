@@ -367,6 +367,9 @@ class RankCoordinator:
         if reason is None and prepared is not None:
             self.worker.commit_reload(prepared)
             self.stats.reloads += 1
+            # an adaptive choice names a state of the old args (a schedule's band and S): every
+            # rank serves the new args' initial choice until the leader's next word
+            self._choice, self._leader_choice = None, 0
             logger.info("reload %d (proposed by rank %d) to %s committed on every rank; generation %d",
                         n, proposer, spec, self.generation)
         else:
