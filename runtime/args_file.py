@@ -24,7 +24,7 @@ from .config import DEFAULT_MAX_STATE_BYTES, CudaGraphConfig, PhaseGraphConfig, 
 from .schedule import SpeculationSchedule
 from .validation import ConfigTypeError
 
-__all__ = ["load_runtime_args", "runtime_args_from_dict", "install_reload_signal"]
+__all__ = ["load_runtime_args", "runtime_args_from_dict", "runtime_args_to_dict", "install_reload_signal"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,25 @@ def runtime_args_from_dict(data: Any) -> RuntimeArgs:
         max_state_bytes=data.get("max_state_bytes", DEFAULT_MAX_STATE_BYTES),
         schedule=SpeculationSchedule.from_data(data["schedule"]) if data.get("schedule") is not None else None,
     )
+
+
+def runtime_args_to_dict(args: RuntimeArgs) -> dict[str, Any]:
+    """The inverse of `runtime_args_from_dict`: plain data (JSON-ready) for ``args``."""
+    spec = args.speculative
+    choices = None if spec.tree_choices is None else [list(p) for p in spec.tree_choices]
+    out: dict[str, Any] = {
+        "speculative": {"num_steps": spec.num_steps, "topk": spec.topk,
+                        "num_draft_tokens": spec.num_draft_tokens, "tree_choices": choices},
+        "max_running_requests": args.max_running_requests, "device": str(args.device),
+        "max_state_bytes": args.max_state_bytes,
+    }
+    if args.cuda_graph_config is not None:
+        d = args.cuda_graph_config.decode
+        out["cuda_graph_config"] = {"decode": {"max_bs": d.max_bs, "bs": None if d.bs is None else list(d.bs),
+                                               "disabled": d.disabled}}
+    if args.schedule is not None:
+        out["schedule"] = {"bands": args.schedule.text(), "hysteresis": args.schedule.hysteresis}
+    return out
 
 
 def _check_keys(where: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from ..config import RuntimeArgs
 from ..reload import RELOAD_POLICIES, ReloadError
 from ..validation import ConfigTypeError, require_positive_int
-from .protocol import RankProtocol, RankTimeout
+from .protocol import ProtocolError, RankProtocol, RankTimeout
 
 __all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankMismatchError",
            "RankTimeout", "startup_fingerprint"]
@@ -51,6 +51,7 @@ __all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankMisma
 logger = logging.getLogger(__name__)
 
 _STORE_ERRORS = (RuntimeError, dist.DistError)  # DistStoreError and socket errors of a dead store
+_POLL_ERRORS = (*_STORE_ERRORS, ProtocolError)  # ... and a store entry that breaks the schema
 
 
 class ProposalRejected(ValueError):
@@ -204,7 +205,7 @@ class RankCoordinator:
                     self._own_pending = True
                 else:
                     self._proto.mark_round(mark_from)
-        except _STORE_ERRORS as exc:
+        except _POLL_ERRORS as exc:
             self._fault(f"could not publish the reload proposal to {args.speculative}: {exc}")
             return
         if holder is not None:
@@ -222,6 +223,17 @@ class RankCoordinator:
         self._own_pending = False
         payload = self._proto.take()
         if payload is None:
+            return 0
+        try:
+            self._proto.check_proposal(payload)
+        except ProtocolError as exc:  # written by no rank of ours: refused here, nothing runs
+            self._proto.release()
+            msg = f"reload proposal refused: {exc}"
+            logger.error("rank %d: %s; generation %d keeps serving", self.rank, msg, self.generation)
+            self.last_error = msg
+            self.stats.rejected += 1
+            self.history.append({"event": "rejected", "proposer": -1, "ok": False, "error": msg,
+                                 "spec": None, "step": self.stats.steps})
             return 0
         self._reload_n += 1
         self._proto.post_reload(self._reload_n, payload)
@@ -253,7 +265,7 @@ class RankCoordinator:
                     self._proto.close_round(r, word)
             else:
                 word = self._proto.read_round(t // self.poll_every)
-        except _STORE_ERRORS as exc:
+        except _POLL_ERRORS as exc:
             self._fault(f"poll at step {t} failed: {exc}")
             return self.worker.state.generation
         self.stats.polls += 1
@@ -359,7 +371,7 @@ class RankCoordinator:
                 self._proto.release()
             else:
                 reason = self._proto.await_decision(n)
-            self._proto.drop_vote(n)
+            self._proto.finish(n)
         except _STORE_ERRORS as exc:
             reason = f"rank {self.rank} lost the store during reload {n}: {exc}"
             self._fault(reason)

@@ -1,8 +1,11 @@
 """Run a function on N CPU ranks: fresh processes joined by a gloo process group on loopback.
 
 For tests, benchmarks and ``draftgraph simulate --world-size N``. The launching process hosts
-the group's TCPStore (so the store outlives any rank), every rank binds 127.0.0.1 only, and
-every wait is bounded: a rank that raises, dies or overruns is reported by rank, never a hang.
+the group's TCPStore (so the store outlives any rank) on a socket it binds to 127.0.0.1 itself
+(a TCPStore server given only a host listens on every interface), the ranks' gloo pairs use
+the loopback interface, and every wait is bounded: a rank that raises, dies or overruns is
+reported by rank, never a hang. Results come back over a pipe private to the launcher and its
+ranks (a multiprocessing queue), never through the store, which any local user can reach.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import socket
 import sys
 import time
 import traceback
@@ -22,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["spawn_ranks", "RankLaunchError"]
+__all__ = ["spawn_ranks", "RankLaunchError", "loopback_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def spawn_ranks(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (
     if not callable(fn):
         raise TypeError(f"fn={fn!r}: must be a picklable module-level function")
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore(_HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    store = loopback_store(timedelta(seconds=timeout_s))
     results_q = ctx.Queue()
     pg_timeout = float(pg_timeout_s if pg_timeout_s is not None else timeout_s)
     procs = [ctx.Process(target=_rank_main, name=f"draftgraph-rank{rank}", daemon=True,
@@ -71,6 +75,29 @@ def spawn_ranks(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (
         text = "\n".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
         raise RankLaunchError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures, results)
     return [results[r] for r in range(world_size)]
+
+
+def loopback_store(timeout: timedelta) -> dist.TCPStore:
+    """A TCPStore server listening on 127.0.0.1 only, on a port the OS picks.
+
+    ``TCPStore(host, ...)`` as a server listens on ``[::]`` whatever ``host`` says; so the
+    socket is bound and listening here and handed over (``master_listen_fd``; the store owns it
+    from then on). torch 2.14's libuv backend serves on it (checked by a test)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((_HOST, 0))
+        sock.listen(socket.SOMAXCONN)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()
+    try:
+        return dist.TCPStore(_HOST, port, None, True, timeout=timeout, wait_for_workers=False,
+                             master_listen_fd=fd, use_libuv=True)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _collect(procs: list[Any], results_q: Any, timeout_s: float, grace_s: float

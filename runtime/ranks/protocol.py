@@ -12,12 +12,15 @@ Keys (under one namespace per coordinator): ``round/<r>`` the leader's word for 
 the round, and then ``round/<r>/final`` holds the word; ``proposal`` the single proposal slot
 (``-`` when free); ``reload/<n>`` the n-th reload's
 (proposer, args, policy); ``vote/<n>/<rank>``; ``decision/<n>``; ``hello/<rank>`` at start-up.
+Every value is plain data (`wire`: JSON with a schema check on every read; round words are
+ints), never a pickle: the store has no authentication, so what it holds is not trusted.
+``reload/<n>`` and ``decision/<n>`` are deleted once every rank has read them (each rank, after
+the decision, adds to ``done/<n>``; the last one deletes them), so the store stays bounded.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -25,13 +28,15 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["RankProtocol", "RankTimeout", "open_store", "FREE", "COMMIT"]
+from ..config import RuntimeArgs
+from . import wire
+from .wire import ProtocolError
+
+__all__ = ["RankProtocol", "RankTimeout", "ProtocolError", "open_store", "FREE"]
 
 logger = logging.getLogger(__name__)
 
 FREE = b"-"  # the proposal slot holds no proposal
-COMMIT = b"commit"
-_ABORT = b"abort:"
 _MARK = b"P"  # a proposer's mark on a round: the leader must look at the proposal slot
 _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
 _GC_BATCH = 256  # rounds deleted per background batch
@@ -147,7 +152,10 @@ class RankProtocol:
         raw = self._get(f"round/{r}", 0, f"publish poll round {r}")
         if raw == _MARK:
             raw = self._get(f"round/{r}/final", 0, f"publish poll round {r}")
-        return tuple(int(v) for v in raw.split(b","))
+        try:
+            return tuple(int(v) for v in raw.split(b","))
+        except ValueError:
+            raise ProtocolError(f"store key 'round/{r}': not a poll word (ints): {raw[:wire.QUOTE]!r}") from None
 
     def _collect_rounds(self, hi: int) -> None:
         """Delete the keys of the rounds before ``hi`` not deleted yet, off the serving thread
@@ -162,16 +170,30 @@ class RankProtocol:
         self._gc.start()
 
     # ---- the proposal slot ---------------------------------------------------------------------
-    def offer(self, proposal: tuple[int, Any, str]) -> tuple[int, Any, str] | None:
-        """Put (rank, args, policy) into the free slot; returns None, or the proposal holding it."""
-        payload = pickle.dumps(proposal)
+    def offer(self, proposal: tuple[int, RuntimeArgs, str]) -> tuple[int, RuntimeArgs, str] | None:
+        """Put (rank, args, policy) into the free slot; returns None, or the proposal holding it.
+
+        A slot held by something that is not a proposal (written by no rank of ours) is taken
+        over, logged: it would otherwise refuse every proposal until the leader looked."""
+        payload = wire.encode_proposal(*proposal)
         now = self._store.compare_set("proposal", FREE, payload)
-        return None if now == payload else pickle.loads(now)
+        if now == payload:
+            return None
+        try:
+            return wire.decode_proposal("proposal", now, self.world_size)
+        except ProtocolError as exc:
+            logger.warning("rank %d: replacing what holds the proposal slot: %s", self.rank, exc)
+            now2 = self._store.compare_set("proposal", now, payload)
+            return None if now2 == payload else wire.decode_proposal("proposal", now2, self.world_size)
 
     def take(self) -> bytes | None:
         """Leader: the pending proposal's payload, or None (the slot stays held until `release`)."""
         raw = self._store.get("proposal")
         return None if raw == FREE else raw
+
+    def check_proposal(self, payload: bytes) -> tuple[int, RuntimeArgs, str]:
+        """Leader: the proposal in ``payload`` (from `take`), or ProtocolError."""
+        return wire.decode_proposal("proposal", payload, self.world_size)
 
     def release(self) -> None:
         """Leader: free the proposal slot after a decision."""
@@ -181,24 +203,26 @@ class RankProtocol:
         """Leader: make the proposal reload number n."""
         self._store.set(f"reload/{n}", payload)
 
-    def read_reload(self, n: int) -> tuple[int, Any, str]:
-        """(proposer rank, args, policy) of reload n."""
-        return pickle.loads(self._get(f"reload/{n}", 0, f"post reload {n}"))
+    def read_reload(self, n: int) -> tuple[int, RuntimeArgs, str]:
+        """(proposer rank, args, policy) of reload n; ProtocolError when the entry is not one."""
+        return wire.decode_proposal(f"reload/{n}", self._get(f"reload/{n}", 0, f"post reload {n}"),
+                                    self.world_size)
 
     # ---- votes and the decision ----------------------------------------------------------------
     def vote(self, n: int, error: str | None) -> None:
         """This rank's vote on reload n: None = ready to swap, else why not."""
-        self._store.set(f"vote/{n}/{self.rank}", b"ok" if error is None else b"fail:" + error.encode())
+        self._store.set(f"vote/{n}/{self.rank}", wire.encode_vote(error))
 
     def collect_votes(self, n: int) -> tuple[dict[int, str | None], tuple[int, ...]]:
-        """Leader: ({rank: error or None}, missing ranks) after waiting at most timeout_s."""
+        """Leader: ({rank: error or None}, missing ranks) after waiting at most timeout_s; a
+        malformed vote counts as that rank's failure."""
         keys = {r: f"vote/{n}/{r}" for r in range(self.world_size)}
         missing: tuple[int, ...] = ()
         try:
             self._wait(keys, f"vote on reload {n}")
         except RankTimeout as exc:
             missing = exc.missing
-        votes = {}
+        votes: dict[int, str | None] = {}
         for r, key in keys.items():
             if r in missing:
                 continue
@@ -206,21 +230,25 @@ class RankProtocol:
             # skip it (reading a deleted key would block for the whole store timeout)
             if not self._store.check([key]):
                 continue
-            raw = self._store.get(key)
-            votes[r] = None if raw == b"ok" else raw[len(b"fail:"):].decode(errors="replace")
+            try:
+                votes[r] = wire.decode_vote(key, self._store.get(key))
+            except ProtocolError as exc:
+                votes[r] = f"malformed vote: {exc}"
         return votes, missing
-
-    def drop_vote(self, n: int) -> None:
-        """Delete this rank's vote once it knows the decision (a late vote is cleaned up too)."""
-        self._store.delete_key(f"vote/{n}/{self.rank}")
 
     def decide(self, n: int, reason: str | None) -> str | None:
         """Set reload n's decision unless one is set: None = commit, else the abort reason.
 
-        Returns the decision in force (first writer wins, so every rank follows the same one)."""
-        want = COMMIT if reason is None else _ABORT + reason.encode()
-        now = self._store.compare_set(f"decision/{n}", b"", want)
-        return None if now == COMMIT else now[len(_ABORT):].decode(errors="replace")
+        Returns the decision in force (first writer wins, so every rank follows the same one);
+        a malformed decision in force is an abort on every rank that reads it."""
+        now = self._store.compare_set(f"decision/{n}", b"", wire.encode_decision(reason))
+        return self._decision(n, now)
+
+    def _decision(self, n: int, raw: bytes) -> str | None:
+        try:
+            return wire.decode_decision(f"decision/{n}", raw)
+        except ProtocolError as exc:
+            return f"malformed decision: {exc}"
 
     def await_decision(self, n: int) -> str | None:
         """Non-leader: the leader's decision on reload n; past the timeout, abort it ourselves,
@@ -233,12 +261,22 @@ class RankProtocol:
                 return self.decide(n, f"rank {', '.join(map(str, missing))} did not vote on reload {n} "
                                       f"within {self.timeout_s:g} s")
             return self.decide(n, str(exc))
-        return None if raw == COMMIT else raw[len(_ABORT):].decode(errors="replace")
+        return self._decision(n, raw)
+
+    def finish(self, n: int) -> None:
+        """This rank is done with reload n (it knows the decision): drop its vote; the last rank
+        to finish deletes ``reload/<n>``, ``decision/<n>`` and the counter, so the store holds
+        no key of a decided reload (a rank that gave up on a lost store leaves them: bounded
+        by the reloads that failed that way)."""
+        self._store.delete_key(f"vote/{n}/{self.rank}")
+        if self._store.add(f"done/{n}", 1) == self.world_size:
+            for key in (f"reload/{n}", f"decision/{n}", f"done/{n}"):
+                self._store.delete_key(key)
 
     # ---- start-up ----------------------------------------------------------------------------
     def exchange(self, tag: str, value: Any) -> list[Any]:
         """Every rank's ``value`` (index = rank); RankTimeout names the ranks that did not arrive."""
-        self._store.set(f"{tag}/{self.rank}", pickle.dumps(value))
+        self._store.set(f"{tag}/{self.rank}", wire.encode_fingerprint(value))
         keys = {r: f"{tag}/{r}" for r in range(self.world_size)}
         self._wait(keys, f"arrive at {tag}")
-        return [pickle.loads(self._store.get(k)) for k in keys.values()]
+        return [wire.decode_fingerprint(k, self._store.get(k)) for k in keys.values()]
