@@ -212,6 +212,27 @@ def scenario_unresponsive(rank, world):
             "graphs": worker.state.has_graphs}
 
 
+KEY_ROUNDS = 3  # reloads in the bounded-store scenario
+
+
+def scenario_store_keys(rank, world):
+    """KEY_ROUNDS reloads through a coordinator on its own store client: afterwards no
+    ``reload/<n>`` or ``decision/<n>`` key is left (every rank read them, the last deleted them)."""
+    base = dist.distributed_c10d._get_default_store()
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    client = dist.TCPStore(base.host, base.port, None, False, timeout=base.timeout)
+    worker = captured_worker(args_for(3))
+    coord = RankCoordinator(worker, poll_every=1, timeout_s=30.0, store=client, name="keys")
+    propose = {2 * i: args_for(2 if i % 2 == 0 else 3) for i in range(KEY_ROUNDS)} if rank == 0 else None
+    served = serve(coord, worker, 2 * KEY_ROUNDS + 1, propose)
+    dist.barrier()  # every rank has finished every reload
+    ns = dist.PrefixStore("draftgraph/keys/world/1/", client)
+    left = [k for n in range(1, KEY_ROUNDS + 1) for k in (f"reload/{n}", f"decision/{n}", f"done/{n}")
+            if ns.check([k])]
+    return {"reloads": coord.stats.reloads, "left": left, "generation": served[-1][0]}
+
+
 def run_all(rank, world):
     """Every scenario in order; an exception is recorded (the others still run)."""
     logging.basicConfig(level=logging.WARNING)
@@ -225,6 +246,7 @@ def run_all(rank, world):
         "concurrent": lambda: scenario_concurrent(rank, world),
         "stamp": lambda: scenario_stamp(rank, world),
         "diverged": lambda: scenario_diverged(rank, world),
+        "store_keys": lambda: scenario_store_keys(rank, world),
         "unresponsive": lambda: scenario_unresponsive(rank, world),  # last: it leaves rank 2 behind
     }
     out = {}
@@ -353,6 +375,12 @@ def _raise_on_rank_one(rank, world):
     if rank == 1:
         raise RuntimeError("boom on rank one")
     return rank
+
+
+def test_decided_reloads_leave_no_keys_in_the_store(ranks):
+    for rec in result(ranks, "store_keys"):
+        assert rec["reloads"] == KEY_ROUNDS and rec["generation"] == KEY_ROUNDS
+        assert rec["left"] == []  # on main: reload/1..3 and decision/1..3 stayed forever
 
 
 def test_spawn_ranks_names_the_failing_rank():
