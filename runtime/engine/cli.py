@@ -172,7 +172,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture)
     if ns.world_size > 1:
-        return _simulate_ranks(ns, cfg)
+        return _simulate_ranks(ns, cfg, reload_signal)
     registry = _metrics_registry(ns)
     with record_spans() as spans:
         report = run_simulation(cfg, sighup=None, reload_signal=reload_signal, registry=registry)
@@ -211,14 +211,24 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
     return registry
 
 
-def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig) -> int:
+def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal: Any = None) -> int:
     """N ranks as CPU processes (gloo on loopback); every rank must serve the same generation at
-    every step."""
+    every step. SIGHUP to this process reloads every rank (sent on to rank 0: `rank_reloads`)."""
+    import multiprocessing as mp
+
     from draftgraph.runtime import spawn_ranks
 
+    from .rank_reloads import LauncherReloads
     from .simulate import rank_simulation
 
-    reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg,), timeout_s=900.0)
+    reloads = mp.get_context("spawn").Queue()
+    if reload_signal is not None:
+        reload_signal.attach(LauncherReloads(reloads))  # one that came while starting is sent now
+    try:
+        reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg, reloads), timeout_s=900.0)
+    finally:
+        if reload_signal is not None:
+            reload_signal.detach()
     served = [r["served_generations"] for r in reports]
     out = {"world_size": ns.world_size, "generations_identical": all(s == served[0] for s in served),
            "ranks": [{"rank": i, "steps": len(s), "generations": sorted(set(s)),

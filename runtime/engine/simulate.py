@@ -249,10 +249,15 @@ def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
     return {"greedy_s": s, "greedy_tokens_per_s": tokens / s, "lossless": same}
 
 
-def rank_simulation(rank: int, world_size: int, cfg: SimulationConfig) -> dict[str, Any]:
+def rank_simulation(rank: int, world_size: int, cfg: SimulationConfig, reloads: Any = None) -> dict[str, Any]:
     """One rank of `draftgraph simulate --world-size N` (run by `spawn_ranks`); the greedy
-    baseline runs on rank 0 only."""
+    baseline runs on rank 0 only. ``reloads``: the launcher's queue of SIGHUP reloads, taken by
+    rank 0 (`rank_reloads`)."""
     import dataclasses
     if rank != 0:
         cfg = dataclasses.replace(cfg, greedy=False)
-    return run_simulation(cfg, sighup=None, rank=rank, world_size=world_size)
+    relay = None
+    if reloads is not None and rank == 0:
+        from .rank_reloads import RankReloads
+        relay = RankReloads(reloads)
+    return run_simulation(cfg, sighup=None, rank=rank, world_size=world_size, reload_signal=relay)
