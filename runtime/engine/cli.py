@@ -309,12 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
     ap = _parser()
     ns = ap.parse_args(argv)
-    # simulate and generate take SIGHUP from now (before the models load) until they return
+    # simulate and generate take SIGHUP from now (before the models load; the console script
+    # held it since before torch loaded) until the process exits: it is never given back, a late
+    # one is logged and ignored
     serving = ns.cmd in ("simulate", "generate")
-    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd) if serving else None
+    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd).install() if serving else None
     try:
-        if hup is not None:
-            hup.install()
         if ns.cmd == "info":
             return _info(ns)
         if ns.cmd == "generate":
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         if hup is not None:
-            hup.uninstall()
+            hup.detach()  # kept installed: a SIGHUP from here to exit is logged and ignored
 
 
 if __name__ == "__main__":
