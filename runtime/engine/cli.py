@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--profile-spans-only", action="store_true",
                      help="with --profile: draftgraph's ranges only, no aten ops (a few KB per step)")
     sim.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                     help="serve Prometheus /metrics on 127.0.0.1:PORT while running (0: a free port)")
+                     help="serve Prometheus /metrics on HOST:PORT while running (0: a free port)")
+    sim.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="address --metrics-port listens on (default 127.0.0.1; another one, e.g. "
+                          "0.0.0.0 in a container, is served with a warning: no authentication)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
@@ -206,8 +209,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
 
     registry = CollectorRegistry()
     if ns.metrics_port is not None:
-        port = serve_metrics(ns.metrics_port, registry)
-        print(f"draftgraph: metrics at http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
+        from .metrics import is_loopback
+
+        port = serve_metrics(ns.metrics_port, registry, host=ns.metrics_host)
+        if not is_loopback(ns.metrics_host):
+            print(f"draftgraph: warning: --metrics-host={ns.metrics_host} is not loopback: anyone who can "
+                  f"reach it can read the metrics (no authentication)", file=sys.stderr, flush=True)
+        print(f"draftgraph: metrics at http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
     return registry
 
 
