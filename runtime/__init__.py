@@ -23,6 +23,9 @@ test model and input maker are in `runtime.testing`.
 
 from __future__ import annotations
 
+# first: `draftgraph simulate|generate` take SIGHUP before torch loads (see that module)
+from . import _console_signal  # noqa: F401  # isort: skip
+
 from .adaptive import AdaptiveStepController  # runtime states
 from .args_file import install_reload_signal, load_runtime_args  # configuration, reload
 from .config import (  # configuration

@@ -7,6 +7,10 @@ makes the draft tree static; TOML writes it the same way):
      "cuda_graph_config": {"decode": {"max_bs": 32, "bs": null, "disabled": false}},
      "max_running_requests": 64, "device": "cpu", "max_state_bytes": 1073741824}
 
+The file must be a regular file (a FIFO, a device, a symlink to ``/dev/zero`` are refused before
+a byte is read) of at most ``MAX_ARGS_FILE_BYTES`` (1 MiB); an error quotes at most
+``MAX_QUOTED_CHARS`` characters of what it read.
+
 TOML needs Python 3.11+ (``tomllib``) or the ``tomli`` package on 3.10; JSON works everywhere.
 """
 
@@ -21,16 +25,29 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import DEFAULT_MAX_STATE_BYTES, CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .private_dir import read_regular
 from .schedule import SpeculationSchedule
 from .validation import ConfigTypeError
 
-__all__ = ["load_runtime_args", "runtime_args_from_dict", "runtime_args_to_dict", "install_reload_signal"]
+__all__ = ["load_runtime_args", "runtime_args_from_dict", "runtime_args_to_dict", "install_reload_signal",
+           "MAX_ARGS_FILE_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 _TOP = ("speculative", "cuda_graph_config", "max_running_requests", "device", "max_state_bytes", "schedule")
 _SPEC = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
 _PHASE = ("max_bs", "bs", "disabled")
+MAX_ARGS_FILE_BYTES = 1 << 20  # an args file holds a few hundred bytes; anything past 1 MiB is refused unread
+MAX_QUOTED_CHARS = 400  # of an error message built from the file's values (head and tail kept)
+
+
+def _clip(text: str) -> str:
+    """``text`` with its middle cut when longer than ``MAX_QUOTED_CHARS`` (the field name leads,
+    the rule ends an error message: both are kept)."""
+    if len(text) <= MAX_QUOTED_CHARS:
+        return text
+    head, tail = MAX_QUOTED_CHARS * 3 // 4, MAX_QUOTED_CHARS // 4
+    return f"{text[:head]} ... [{len(text) - head - tail} characters cut] ... {text[-tail:]}"
 
 
 def load_runtime_args(path: str | os.PathLike[str]) -> RuntimeArgs:
@@ -41,16 +58,21 @@ def load_runtime_args(path: str | os.PathLike[str]) -> RuntimeArgs:
     that breaks a rule is the validation's error prefixed with the file (a ValueError; a wrong
     type is a ConfigTypeError, a TypeError too)."""
     path = os.fspath(path)
+    shown = _clip(repr(path))
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_regular(path, MAX_ARGS_FILE_BYTES, "runtime args file", follow_symlinks=True)
         data = _toml_loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
     except Exception as exc:  # OSError, JSON/TOML/Unicode errors (ValueError), RecursionError, MemoryError
-        raise ValueError(f"runtime args file {path!r}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"runtime args file {shown}: cannot read it "
+                         f"({type(exc).__name__}: {_clip(str(exc))})") from exc
     try:
         return runtime_args_from_dict(data)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"runtime args file {path!r}: {exc}") from exc
+        text = str(exc)
+        clipped = type(exc)(f"runtime args file {shown}: {_clip(text)}")
+        if len(text) > MAX_QUOTED_CHARS:  # the original (in a traceback) would quote it all
+            raise clipped from None
+        raise clipped from exc
     except (RecursionError, MemoryError) as exc:  # e.g. the repr of a deeply nested value
         raise ValueError(f"runtime args file {path!r}: cannot read it ({type(exc).__name__}: "
                          f"a value nested too deeply or too large)") from exc

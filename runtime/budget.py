@@ -19,6 +19,13 @@ What is counted (bytes; ``C`` = topology rows, `chain_capacity`; ``R`` = the lar
   M * 20)`` with ``M = k + (S-1)k^2`` candidates (their scores, tokens and parents).
 
 Activations inside a step are not counted: the estimate is what the state holds between steps.
+
+A reload is budgeted whole (`check_states_budget`): every state it builds (its own, and an
+engine's adaptive or schedule candidates, each sized for the new args) is estimated and summed,
+each static topology's buffers once (they are shared), and the sum is checked before any state
+is built. The limit is the operator's: a worker keeps the ``max_state_bytes`` it was constructed
+with, and a reload's own ``max_state_bytes`` can only lower it (the smaller of the two applies),
+never raise it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from dataclasses import dataclass
 
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity, max_tree_candidates
 
-__all__ = ["StateBytes", "check_state_budget", "estimate_state_bytes", "largest_capture_size"]
+__all__ = ["StateBytes", "check_state_budget", "check_states_budget", "estimate_state_bytes",
+           "largest_capture_size"]
 
 
 @dataclass(frozen=True)
@@ -77,20 +85,46 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def check_state_budget(args: RuntimeArgs, spec: SpeculativeConfig, rows: int, row_input_bytes: int = 0
-                       ) -> StateBytes:
+def check_state_budget(args: RuntimeArgs, spec: SpeculativeConfig, rows: int, row_input_bytes: int = 0,
+                       limit: int | None = None) -> StateBytes:
     """The estimate for a state of ``spec`` under ``args``; ValueError naming the fields and the
-    figure when it exceeds ``args.max_state_bytes``."""
+    figure when it exceeds ``limit`` (default ``args.max_state_bytes``)."""
     capacity = chain_capacity(args)
     est = estimate_state_bytes(spec, capacity, rows, row_input_bytes)
-    if est.total > args.max_state_bytes:
+    limit = args.max_state_bytes if limit is None else limit
+    if est.total > limit:
         raise ValueError(
             f"a state for num_steps={spec.num_steps}, topk={spec.topk}, "
             f"num_draft_tokens={spec.num_draft_tokens} with {capacity} topology rows "
             f"(max(cuda_graph_config.decode.max_bs, max_running_requests)) and graphs up to batch "
             f"size {rows} needs about {_mib(est.total)} (topology {_mib(est.topology)}, graph inputs "
             f"{_mib(est.graph_inputs)}, graph outputs {_mib(est.graph_outputs)}): over "
-            f"max_state_bytes={args.max_state_bytes} ({_mib(args.max_state_bytes)}); lower those "
-            f"fields or raise max_state_bytes"
+            f"max_state_bytes={limit} ({_mib(limit)}); lower those fields or raise max_state_bytes "
+            f"(the operator's configuration: a reload can only lower it)"
         )
     return est
+
+
+def check_states_budget(args: RuntimeArgs, specs: list[SpeculativeConfig], rows: int, limit: int,
+                        row_input_bytes: int = 0) -> int:
+    """The estimated bytes of every state in ``specs`` under ``args`` (graphs up to ``rows``),
+    summed, each static topology's buffers counted once; ValueError naming the states, the sum
+    and ``limit`` when the sum exceeds it. Nothing is allocated."""
+    capacity = chain_capacity(args)
+    total, topologies = 0, set()
+    for spec in specs:
+        est = estimate_state_bytes(spec, capacity, rows, row_input_bytes)
+        key = spec.topology
+        shared = key is not None and key in topologies
+        if key is not None:
+            topologies.add(key)
+        total += est.total - (est.topology if shared else 0)
+    if total > limit:
+        steps = ", ".join(str(s.num_steps) for s in specs)
+        raise ValueError(
+            f"a reload to max_running_requests={args.max_running_requests}, "
+            f"cuda_graph_config.decode.max_bs={args.decode.max_bs} ({capacity} topology rows) builds "
+            f"{len(specs)} states (num_steps {steps}: its own and the adaptive or schedule candidates) "
+            f"needing about {_mib(total)} together: over max_state_bytes={limit} ({_mib(limit)}, the "
+            f"operator's limit; a reload can only lower it); lower max_running_requests / max_bs")
+    return total

@@ -18,7 +18,7 @@ import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
 
-from .budget import check_state_budget, largest_capture_size
+from .budget import check_state_budget, check_states_budget, largest_capture_size
 from .capture_queue import CaptureQueue
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
@@ -59,6 +59,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         self._ledger = CounterLedger()
         self.reload_log = ReloadLog()
         self._check_args(args)
+        self._state_bytes_limit = args.max_state_bytes  # the operator's: a reload only lowers it
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
         self.capture_queue = CaptureQueue(lambda: self.slot.active)
 
@@ -195,7 +196,27 @@ class EagleDraftWorkerBase(ReloadMixin):
         else:
             sizes = self._capture_sizes(capture_bs, args)
             rows = sizes[-1] if sizes else 0
-        check_state_budget(args, spec, rows, self._row_input_bytes())
+        check_state_budget(args, spec, rows, self._row_input_bytes(), limit=self.state_bytes_limit_for(args))
+
+    @property
+    def state_bytes_limit(self) -> int:
+        """The operator's memory limit per state and per reload: the ``max_state_bytes`` this
+        worker was constructed with (a reload file cannot raise it)."""
+        return self._state_bytes_limit
+
+    def state_bytes_limit_for(self, args: RuntimeArgs) -> int:
+        """The limit that applies under ``args``: its ``max_state_bytes`` when lower than the
+        operator's, else the operator's."""
+        return min(args.max_state_bytes, self._state_bytes_limit)
+
+    def check_states_budget(self, args: RuntimeArgs, specs: Sequence[SpeculativeConfig]) -> int:
+        """Refuse a reload to ``args`` whose states (``specs``: every state it builds, graphs up to
+        ``args``' largest capture size) need more than `state_bytes_limit_for` together
+        (`draftgraph.runtime.budget.check_states_budget`): ValueError, nothing allocated.
+        Returns the estimated bytes."""
+        rows = largest_capture_size(args) if self.captures_graphs else 0
+        return check_states_budget(args, list(specs), rows, self.state_bytes_limit_for(args),
+                                   self._row_input_bytes())
 
     def _row_input_bytes(self) -> int:
         """Bytes per row of the static graph inputs besides topk_p / topk_index (subclass hook)."""

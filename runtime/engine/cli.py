@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--profile-spans-only", action="store_true",
                      help="with --profile: draftgraph's ranges only, no aten ops (a few KB per step)")
     sim.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                     help="serve Prometheus /metrics on 127.0.0.1:PORT while running (0: a free port)")
+                     help="serve Prometheus /metrics on HOST:PORT while running (0: a free port)")
+    sim.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="address --metrics-port listens on (default 127.0.0.1; another one, e.g. "
+                          "0.0.0.0 in a container, is served with a warning: no authentication)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
@@ -206,8 +209,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
 
     registry = CollectorRegistry()
     if ns.metrics_port is not None:
-        port = serve_metrics(ns.metrics_port, registry)
-        print(f"draftgraph: metrics at http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
+        from .metrics import is_loopback
+
+        port = serve_metrics(ns.metrics_port, registry, host=ns.metrics_host)
+        if not is_loopback(ns.metrics_host):
+            print(f"draftgraph: warning: --metrics-host={ns.metrics_host} is not loopback: anyone who can "
+                  f"reach it can read the metrics (no authentication)", file=sys.stderr, flush=True)
+        print(f"draftgraph: metrics at http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
     return registry
 
 
@@ -319,12 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
     ap = _parser()
     ns = ap.parse_args(argv)
-    # simulate and generate take SIGHUP from now (before the models load) until they return
+    # simulate and generate take SIGHUP from now (before the models load; the console script
+    # held it since before torch loaded) until the process exits: it is never given back, a late
+    # one is logged and ignored
     serving = ns.cmd in ("simulate", "generate")
-    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd) if serving else None
+    hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd).install() if serving else None
     try:
-        if hup is not None:
-            hup.install()
         if ns.cmd == "info":
             return _info(ns)
         if ns.cmd == "generate":
@@ -340,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         if hup is not None:
-            hup.uninstall()
+            hup.detach()  # kept installed: a SIGHUP from here to exit is logged and ignored
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .profile_windows import engine_step
 from .requests import Request, RequestFailed
-from .scheduling import BandScheduler, check_schedule
+from .scheduling import BandScheduler, check_schedule, reload_state_specs
 from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
 
@@ -129,6 +129,7 @@ class SpecDecodeEngine:
             else:  # the band states capture their own sizes; the active state none
                 self.worker.graph_backend = backend
         self._adaptive_steps = tuple(adaptive_steps) if adaptive_steps else ()
+        self.worker.add_args_check(self._check_reload_memory)
         self.coordinator: Any = None
         self._generation_seen = self.worker.generation
         self.controller: AdaptiveStepController | None = None
@@ -171,6 +172,12 @@ class SpecDecodeEngine:
         if schedule is not None:
             layers = getattr(getattr(self.drafter, "draft_model", None), "max_steps", None)
             check_schedule(schedule, args.speculative, layers)
+
+    def _check_reload_memory(self, args: RuntimeArgs) -> None:
+        """Every state a reload to ``args`` builds (its own, the adaptive or band candidates),
+        summed, within the operator's memory limit: ValueError before any is built."""
+        self.worker.check_states_budget(args, reload_state_specs(
+            args.speculative, self._adaptive_steps, args.schedule or self._schedule))
 
     def _scheduled(self, args: RuntimeArgs) -> bool:
         """True when a schedule will serve ``args`` (its band states capture; the args' own

@@ -3,21 +3,25 @@
 Read at scrape time from the engine's `EngineStats` (no per-step cost); the names are in
 `draftgraph.runtime.metrics.METRICS`. Engine counters restart from zero after
 `SpecDecodeEngine.reset_stats` (Prometheus's ``rate()`` treats that as a counter reset); the
-worker's counters never go down. `serve_metrics` starts prometheus_client's own HTTP server on
-127.0.0.1 (the CLI's ``--metrics-port``).
+worker's counters never go down. `serve_metrics` serves them on 127.0.0.1 by default (the CLI's
+``--metrics-port`` / ``--metrics-host``) from a bounded server (`metrics_server.MetricsServer`:
+idle connections cost no thread and are closed after a timeout; a few handler threads at most).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from ..metrics import MetricsHandle, Samples, read_consistent, read_coordinator, read_worker, register_source
+from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
-__all__ = ["register_engine_metrics", "serve_metrics"]
+__all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +81,40 @@ def register_engine_metrics(engine: Any, registry: CollectorRegistry | None = No
                            also=(engine.worker,))
 
 
-def serve_metrics(port: int, registry: CollectorRegistry) -> int:
-    """Serve ``registry`` at http://127.0.0.1:PORT/metrics from a daemon thread; returns the
-    port (``port`` 0 picks a free one). OSError naming the port when it is in use."""
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def start_metrics_server(port: int, registry: CollectorRegistry, host: str = "127.0.0.1",
+                         timeout_s: float = CONNECTION_TIMEOUT_S, max_threads: int = MAX_HANDLER_THREADS
+                         ) -> MetricsServer:
+    """The started `MetricsServer` of ``registry`` at http://HOST:PORT/metrics (``port`` 0 picks a
+    free one); ValueError for a bad port or host, OSError naming them when the port is in use.
+    A host that is not loopback is served with a warning: nothing authenticates a scraper."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ValueError(f"metrics port={port!r}: must be an int in 0..65535 (0: a free port)")
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise ValueError(f"metrics host={str(host)[:100]!r}: must be a host name or an IP address")
     try:
-        server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+        server = MetricsServer(host, port, make_wsgi_app(registry), max_threads=max_threads, timeout_s=timeout_s)
+    except socket.gaierror as exc:
+        raise ValueError(f"metrics host={host!r}: not an address of this machine ({exc})") from None
     except OSError as exc:
-        raise OSError(exc.errno, f"metrics port {port} on 127.0.0.1: {exc.strerror or exc}") from exc
-    bound = server.server_port
-    logger.info("metrics at http://127.0.0.1:%d/metrics", bound)
-    return bound
+        raise OSError(exc.errno, f"metrics port {port} on {host}: {exc.strerror or exc}") from exc
+    if not is_loopback(host):
+        logger.warning("metrics served on %s, not loopback: anyone who can reach port %d can read them "
+                       "(no authentication)", host, server.server_port)
+    logger.info("metrics at http://%s:%d/metrics", host, server.server_port)
+    return server.start()
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, host: str = "127.0.0.1") -> int:
+    """Serve ``registry`` at http://HOST:PORT/metrics (default 127.0.0.1) from a daemon thread;
+    returns the port (see `start_metrics_server`)."""
+    return start_metrics_server(port, registry, host).server_port

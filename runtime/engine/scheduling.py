@@ -21,7 +21,7 @@ from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, SpeculativeConfig
 from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
 
-__all__ = ["BandScheduler", "band_capture_sizes", "check_schedule"]
+__all__ = ["BandScheduler", "band_capture_sizes", "check_schedule", "reload_state_specs"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,27 @@ def check_schedule(schedule: SpeculationSchedule, spec: SpeculativeConfig, max_s
             except ValueError as exc:
                 raise ValueError(f"{where}: S={s} with topk={spec.topk}, "
                                  f"num_draft_tokens={spec.num_draft_tokens}: {exc}") from None
+
+
+def reload_state_specs(spec: SpeculativeConfig, adaptive_steps: Sequence[int],
+                       schedule: SpeculationSchedule | None) -> list[SpeculativeConfig]:
+    """Every state an engine builds for a reload to ``spec``: its own, then one per schedule
+    band's S (each band has its states) or per adaptive candidate (the one equal to ``spec`` is
+    the reloaded state itself). For the memory budget of the whole reload."""
+    if schedule is not None:
+        steps = [s for band in schedule.bands for s in band.steps if s > 0]
+    elif spec.tree_choices is None:
+        steps = [s for s in adaptive_steps if s != spec.num_steps]
+    else:
+        steps = []
+    specs = [spec]
+    for s in steps:
+        try:
+            specs.append(SpeculativeConfig(s, 1) if spec.is_chain else
+                         SpeculativeConfig(s, spec.topk, spec.num_draft_tokens))
+        except ValueError:  # not a candidate of this spec (the engine skips it too)
+            continue
+    return specs
 
 
 class BandScheduler:

@@ -8,6 +8,15 @@ deleted and trained again. A file from before digests is accepted and its digest
 A folder holding valid weights is read without writing anything (no lock, no temp file); an
 unwritable folder without them falls back to a per-user temporary folder, with one warning.
 A save removes this key's ``.tmp*`` files left by an interrupted save (under the lock).
+
+On a shared host (`draftgraph.runtime.private_dir`): the fallback folder is created 0700 and
+refused (an `UnsafeFolderError` naming it, nothing loaded from it) unless it is a real
+directory owned by this user and not writable by group or others; in every cache folder the
+lock is opened without truncating and without following a symlink, temporary files are created
+``O_EXCL | O_NOFOLLOW`` under random names, and a ``.pt`` that is not a regular file (a FIFO, a
+symlink to a device) is treated as damaged before a byte is read from it. An empty or
+unreadable ``.sha256`` is a missing digest (the file is checked by loading it, and the digest
+written again), not a mismatch that deletes valid weights.
 Inference runs the target in float64 (so a batched tree verify and
 one-token decoding pick the same argmax: rounding differences are ~1e-16, far below any gap
 between logits) and the drafts in float32 (a draft's rounding cannot change what is accepted).
@@ -18,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from functools import lru_cache
@@ -28,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..private_dir import UnsafeFolderError, create_exclusive, open_lock, private_dir, read_regular
 from .corpus import load_corpus
 from .eagle_head import EagleConfig, EagleDraftHead
 from .multi_layer import MultiLayerConfig, MultiLayerDraft
@@ -40,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 DRAFT_KINDS = ("eagle", "multi_layer")
 FORMAT_VERSION = 1
+MAX_WEIGHTS_BYTES = 1 << 30  # a cache file larger than this is not read (the default models: ~18 MB)
+_DIGEST_BYTES = 4096
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def model_cache_dir() -> Path:
@@ -63,14 +78,14 @@ def _file_digest(path: Path) -> str:
 def _writable(folder: Path) -> bool:
     """Whether ``folder`` exists (or can be made) and this process may create files in it."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return False
     return os.access(folder, os.W_OK | os.X_OK)
 
 
 def _fallback_dir() -> Path:
-    """A per-user folder under the system's temporary folder."""
+    """A per-user folder under the system's temporary folder (checked by `private_dir` before use)."""
     uid = os.getuid() if hasattr(os, "getuid") else os.getlogin()
     return Path(tempfile.gettempdir()) / f"draftgraph-{uid}"
 
@@ -84,14 +99,17 @@ def _cache_key(seed: int, plan: TrainPlan, digest: str) -> str:
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-    """Serialize first-use training across processes (pytest, the CLI) on one machine."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    """Serialize first-use training across processes (pytest, the CLI) on one machine. The lock
+    file is never truncated nor opened through a symlink (`open_lock`)."""
+    fd = open_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _progress_bar(total: int, desc: str):
@@ -130,15 +148,15 @@ def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
     A file that cannot be deleted is an OSError that names it and says to delete it by hand.
     """
     digest_file = _digest_path(path)
-    expected: str | None = None
+    expected = _read_digest(digest_file)
     try:
-        expected = digest_file.read_text().split()[0] if digest_file.exists() else None
-    except (OSError, IndexError):
-        expected = ""  # an unreadable or empty digest file: the pair is not trustworthy
-    try:
-        actual = _file_digest(path) if expected is not None else None
+        try:
+            raw = read_regular(path, MAX_WEIGHTS_BYTES, "model cache file", follow_symlinks=True)
+        except UnsafeFolderError:  # a FIFO, a device: refused before a byte is read
+            raise ValueError("not a regular file") from None
+        actual = hashlib.sha256(raw).hexdigest()
         weights = None if expected is not None and actual != expected else \
-            torch.load(path, map_location="cpu", weights_only=True)
+            torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except PermissionError:
         raise
     except Exception as exc:  # truncated or garbled: RuntimeError (zip), EOFError, OSError, UnpicklingError
@@ -150,8 +168,8 @@ def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
         else:
             missing = [k for k in ("target", *DRAFT_KINDS) if not isinstance(weights, dict) or k not in weights]
             if not missing:
-                if expected is None:  # written before digests: accept once, record its digest
-                    _write_digest(path)
+                if expected is None:  # written before digests (or an empty one): record its digest
+                    _write_digest(path, actual)
                 return weights
             reason = f"no {', '.join(missing)} weights in it"
     logger.warning("model cache file %s is damaged (%s); deleting it and training again", path, reason)
@@ -164,17 +182,50 @@ def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
     return None
 
 
-def _write_digest(path: Path) -> None:
-    """Record ``path``'s digest beside it; a folder that refuses is logged, not fatal (read-only use)."""
-    digest_file = _digest_path(path)
-    tmp = digest_file.with_name(f"{digest_file.name}.tmp{os.getpid()}")
+def _read_digest(digest_file: Path) -> str | None:
+    """The digest recorded in ``digest_file``; None when there is none to trust: missing, empty,
+    unreadable, not a regular file, or not 64 hex digits (then the weights are checked by loading
+    them and the digest is written again; deleting valid weights over it would be wrong)."""
     try:
-        tmp.write_text(_file_digest(path) + "\n")
+        text = read_regular(digest_file, _DIGEST_BYTES, "digest file").decode("ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        logger.warning("digest file %s is unreadable (%s); checking the weights by loading them",
+                       digest_file, str(exc)[:200])
+        return None
+    words = text.split()
+    if not words or not _HEX64.fullmatch(words[0]):
+        logger.warning("digest file %s holds no digest; checking the weights by loading them", digest_file)
+        return None
+    return words[0]
+
+
+def _write_new(folder: Path, prefix: str, data: bytes) -> Path:
+    """A new file in ``folder`` holding ``data``, created ``O_EXCL | O_NOFOLLOW`` (`create_exclusive`)."""
+    fd, tmp = create_exclusive(folder, prefix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def _write_digest(path: Path, digest: str) -> None:
+    """Record ``digest`` beside ``path``; a folder that refuses is logged, not fatal (read-only use)."""
+    digest_file = _digest_path(path)
+    tmp: Path | None = None
+    try:
+        tmp = _write_new(path.parent, f"{digest_file.name}.tmp", (digest + "\n").encode())
         os.replace(tmp, digest_file)
     except OSError as exc:
         logger.info("could not record the digest of %s (%s); it is checked for completeness only", path, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     else:
         logger.info("recorded the digest of %s (written before digests) in %s", path, digest_file.name)
 
@@ -190,13 +241,19 @@ def _remove_stale_tmp(folder: Path, key: str) -> None:
 def _save(weights: dict, path: Path, key: str) -> None:
     """Write ``path`` and its digest: each through a temp file renamed into place."""
     _remove_stale_tmp(path.parent, key)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(weights, tmp)
+    buf = io.BytesIO()
+    torch.save(weights, buf)
+    raw = buf.getvalue()
+    tmp = _write_new(path.parent, f"models-{key}.tmp", raw)
     digest_file = _digest_path(path)
-    dtmp = digest_file.with_name(f"{digest_file.name}.tmp{os.getpid()}")
-    dtmp.write_text(_file_digest(tmp) + "\n")
-    os.replace(dtmp, digest_file)
-    os.replace(tmp, path)
+    try:
+        dtmp = _write_new(path.parent, f"{digest_file.name}.tmp", (hashlib.sha256(raw).hexdigest() + "\n").encode())
+        os.replace(dtmp, digest_file)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     logger.info("cached the default models in %s", path)
 
 
@@ -210,7 +267,7 @@ def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
             cached = _load_cached(path)
             if cached is not None:
                 return cached
-        fallback = _fallback_dir()
+        fallback = private_dir(_fallback_dir())  # UnsafeFolderError: another user's, or a symlink
         logger.warning("model cache folder %s is not writable; using %s instead (set DRAFTGRAPH_CACHE "
                        "to a writable folder to keep the models there)", folder, fallback)
         folder, path = fallback, fallback / path.name

@@ -1,0 +1,110 @@
+"""Memory and threads a small file or an idle client can claim (issue 32, "files" surface).
+
+A reload is budgeted whole (its own state and every adaptive candidate, summed) against the
+operator's limit, which a reload file cannot raise; the metrics server keeps its threads bounded
+whatever clients do, closes idle connections, and still answers a real scrape.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from engine_support import models
+
+from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.engine import SpecDecodeEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+HUGE_POOL = 2_563_709  # max_running_requests of the issue's reload file (8-slot engine)
+
+
+def _args(s=3, mrr=8, **kw) -> RuntimeArgs:
+    return RuntimeArgs(SpeculativeConfig(s, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=8)),
+                       max_running_requests=mrr, **kw)
+
+
+def _engine(adaptive=(1, 2, 3, 4, 5), **kw) -> SpecDecodeEngine:
+    target, draft = models("eagle")
+    return SpecDecodeEngine(_args(**kw), target, draft, backend="eager", adaptive_steps=adaptive)
+
+
+# ---- item 4: a reload's memory ------------------------------------------------------------------
+def test_reload_is_budgeted_whole_before_anything_is_allocated():
+    engine = _engine()
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    # each of the five adaptive states fits 1 GiB alone (the largest, S=5: ~753 MiB); together ~2.3 GiB
+    with pytest.raises(ValueError, match=r"5 states .* together: over max_state_bytes") as info:
+        engine.request_reload(_args(mrr=HUGE_POOL))
+    assert "2,352" in str(info.value)  # MiB, the issue's 2.3 GiB
+    engine.add_request([1, 2, 3, 4], 6)
+    for _ in range(4):
+        engine.step()
+    assert (proc.memory_info().rss - rss0) < 200 * 2**20  # flat: nothing was built
+    assert engine.args.max_running_requests == 8 and engine.worker.reload_log.succeeded == 0
+
+
+def test_reload_file_cannot_raise_the_memory_limit_but_may_lower_it():
+    engine = _engine(adaptive=())  # one state per reload: the per-state check alone
+    # one state of S=5 over 4,000,000 rows needs ~1.15 GiB: over the operator's 1 GiB
+    raised = _args(s=5, mrr=4_000_000, max_state_bytes=1 << 40)
+    with pytest.raises(ValueError, match="a reload can only lower it"):
+        engine.request_reload(raised)
+    with pytest.raises(ValueError, match="max_state_bytes=4096"):  # lowering applies to that reload
+        engine.request_reload(_args(s=2, max_state_bytes=4096))
+    target, draft = models("eagle")  # the operator's own configuration may raise it
+    big = SpecDecodeEngine(_args(max_state_bytes=8 << 30), target, draft, backend="eager")
+    big.worker.check_reload(raised)  # checked only: nothing is built
+    assert engine.worker.state_bytes_limit == 1 << 30 and big.worker.state_bytes_limit == 8 << 30
+
+
+# ---- item 5: the metrics server -----------------------------------------------------------------
+def _registry():
+    from prometheus_client import CollectorRegistry, Counter
+    registry = CollectorRegistry()
+    Counter("draftgraph_test_scrapes", "a series to scrape", registry=registry).inc(3)
+    return registry
+
+
+def test_idle_connections_hold_no_threads_and_a_scrape_answers():
+    from draftgraph.runtime.engine.metrics import serve_metrics
+
+    port = serve_metrics(0, _registry())
+    time.sleep(0.2)
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(300)]
+    try:
+        time.sleep(1.0)  # the server has accepted them
+        during = threading.active_count()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        assert "draftgraph_test_scrapes_total 3.0" in body
+        assert during - before <= 9, f"{during - before} threads for 300 idle connections"
+        # each idle connection is closed by the server after its timeout (10 s): EOF, not a hang
+        closed = 0
+        for conn in idle:
+            try:
+                closed += conn.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == len(idle)
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_metrics_host_option_warns_when_not_loopback():
+    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "simulate", "--requests", "1",
+                        "--no-greedy", "--backend", "eager", "--adaptive", "", "--json",
+                        "--metrics-port", "0", "--metrics-host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "--metrics-host=0.0.0.0 is not loopback" in p.stderr
+    assert "metrics at http://0.0.0.0:" in p.stderr
