@@ -266,12 +266,24 @@ def _reloads_text(r: dict[str, Any]) -> str:
             f"{r['superseded']} superseded")
 
 
+def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
+    """The lossless check: whole outputs, or prefixes when some were cut (--max-loop-steps) or
+    the baseline was interrupted (then: of the requests compared)."""
+    if r.get("greedy_interrupted"):
+        return ("identical to greedy (prefixes)", f"{r.get('lossless_prefix')} (of {r['greedy_compared']} of "
+                                                  f"{r['requests']} requests: Ctrl-C in the greedy baseline)")
+    if r.get("outputs_cut"):
+        return ("identical to greedy (prefixes)", f"{r.get('lossless_prefix')} ({r['outputs_cut']} of "
+                                                  f"{r['requests']} outputs cut by --max-loop-steps)")
+    return ("identical to greedy", r.get("lossless"))
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
             ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
             ("speedup", f"{r.get('speedup', float('nan')):.2f}x"),
-            ("identical to greedy", r.get("lossless")),
+            _identical_row(r),
             ("accept length (mean)", f"{r['accept_length_mean']:.2f}"),
             ("verify steps", r["verify_steps"]), ("steps per state", r["steps_per_state"]),
             ("graph replays / eager fallbacks", f"{r['graph_replays']} / {r['eager_fallbacks']}"),
@@ -289,7 +301,9 @@ def _print_report(r: dict[str, Any]) -> None:
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
         rows.insert(9, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
-    if r.get("interrupted"):
+    if r.get("greedy_interrupted"):
+        rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))
+    elif r.get("interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
     prof = r.get("profile") or {}
     if "trace" in prof:  # --profile DIR

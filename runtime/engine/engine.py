@@ -649,10 +649,12 @@ class SpecDecodeEngine:
         out["acceptance_watch"] = self._acceptance.as_dict() if self._acceptance is not None else None
         return out
 
-    def close(self, timeout_s: float | None = 60.0) -> None:
-        """Stop background capture (waiting up to ``timeout_s`` for a unit in progress); the
-        engine keeps serving, eager where graphs are missing."""
-        self.worker.stop_capture(timeout_s)
+    def close(self, timeout_s: float | None = 60.0) -> bool:
+        """Stop background capture (waiting up to ``timeout_s``, never longer, for a unit in
+        progress; pending units are cancelled, counted failed); the engine keeps serving, eager
+        where graphs are missing. True when no capture runs any more; False (and a warning)
+        when a unit still runs after the timeout: its daemon thread is left behind."""
+        return self.worker.stop_capture(timeout_s)
 
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it: ``startup_s`` (construction to the first servable step),
@@ -673,6 +675,7 @@ class SpecDecodeEngine:
             "states": [_describe_capture(s) for s in states],
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
+            "capture_units_cancelled": queue.units_cancelled,
         }
 
     def _states(self) -> list[Any]:
