@@ -237,7 +237,11 @@ class SpecDecodeEngine:
         copy it **in place** into the engine's draft at the next step boundary, so parameter
         addresses never move and every captured graph (trace, compile, CUDA) stays valid with no
         recapture. Safe from another thread or a signal handler, like `request_reload`; requests
-        in flight keep going. ``strict=False`` updates a subset of the keys. Returns the weights
+        in flight keep going. Values above `MAX_ABS_WEIGHT` are refused (a finite 1e38 would
+        overflow the draft); every applied update resets the draft's carried state (its cache:
+        free slots zeroed, non-finite values cleared; the requests' draft inputs likewise), so
+        one bad update cannot outlive the next good one. ``strict=False`` updates a subset of
+        the keys (at least one: a state dict that shares none is refused). Returns the weights
         version the draft has once it is applied (``stats()["draft_weights"]``)."""
         return self._weights.request(state_dict, strict)
 
@@ -507,7 +511,8 @@ class SpecDecodeEngine:
         capture, and the engine following whatever its worker now serves."""
         if self._weights.pending:
             with self.worker.slot.lock, span("update_draft_weights"):
-                self._weights.apply_pending()
+                if self._weights.apply_pending():
+                    self.drafter.reset_carried_state(self.running)
         self._take_reload()
         if self._prepared is not None:
             with span("commit_reload") if self._prepared.ready else contextlib.nullcontext():
