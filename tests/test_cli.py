@@ -158,3 +158,15 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
         t.join(60)
     assert time.perf_counter() - t0 < 90
     assert box and box[0]["capture_stopped"] is False and box[0]["tokens_generated"] > 0
+
+
+@pytest.mark.parametrize("flag", ["--metrics-file", "--profile"])
+def test_an_unwritable_output_exits_2_before_serving(tmp_path, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    target = str(blocker / ("m.prom" if flag == "--metrics-file" else "trace-dir"))
+    p = _run("simulate", "--requests", "2", "--backend", "eager", "--adaptive", "", "--no-greedy", flag, target,
+             timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert f"{flag}={target!r}" in p.stderr and "checked before serving" in p.stderr
+    assert "tokens generated" not in p.stdout

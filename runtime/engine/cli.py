@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture)
+    _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg)
     registry = _metrics_registry(ns)
@@ -188,6 +190,36 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         print("draftgraph: simulate interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _probe_dir(folder: str, flag: str, value: str) -> None:
+    """ValueError naming ``flag`` unless a file can be created in ``folder`` (and removed)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".draftgraph-probe-", dir=folder or ".")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"{flag}={value!r}: cannot write in {folder or '.'!r} ({exc.strerror or exc}); "
+                         f"checked before serving") from exc
+
+
+def _check_outputs(ns: argparse.Namespace) -> None:
+    """--metrics-file and --profile must be writable before the models load (exit 2 naming
+    the flag): a report is never lost to an output found unwritable after the loop."""
+    if ns.metrics_file:
+        path = ns.metrics_file
+        if os.path.isdir(path):
+            raise ValueError(f"--metrics-file={path!r}: is a directory (give a file path)")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"--metrics-file={path!r}: not writable")
+        _probe_dir(os.path.dirname(path), "--metrics-file", path)
+    if ns.profile:
+        try:
+            os.makedirs(ns.profile, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--profile={ns.profile!r}: cannot create the folder ({exc.strerror or exc}); "
+                             f"checked before serving") from exc
+        _probe_dir(ns.profile, "--profile", ns.profile)
 
 
 def _metrics_registry(ns: argparse.Namespace) -> Any:
@@ -311,6 +343,10 @@ def _print_report(r: dict[str, Any]) -> None:
                                       f"{prof['steps_recorded']} steps; open at https://ui.perfetto.dev)"))
         if prof.get("stages_svg"):
             rows.append(("stage plot", prof["stages_svg"]))
+    if prof.get("export_failures"):
+        rows.append(("profile export FAILED", f"{prof['export_failures']} write(s): {prof['errors'][0]}"))
+    if prof.get("capped_at"):
+        rows.append(("profile capped", f"at {prof['capped_at']} steps (ops mode without --profile-steps)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
