@@ -231,6 +231,9 @@ class CaptureQueue:
         the thread still runs after the timeout (a hung unit: it is left behind as a daemon
         thread and publishes nothing the stopped queue does not expect). Called at exit as
         well: a capture thread must not be cut off while torch tears down."""
+        return self._stop(timeout_s, log_cancelled=True)
+
+    def _stop(self, timeout_s: float | None, log_cancelled: bool) -> bool:
         with self._lock:
             first = not self._stopped
             self._stopped = True
@@ -241,7 +244,7 @@ class CaptureQueue:
                                 for e in self._entries)
                 self.units_cancelled += cancelled
                 self.units_failed += cancelled
-                if cancelled:
+                if cancelled and log_cancelled:
                     logger.warning("capture stopped: %d pending capture units cancelled (counted failed; "
                                    "their sizes serve eager)", cancelled)
         if thread is not None and thread is not threading.current_thread():
@@ -325,4 +328,4 @@ def _stop_at_exit(ref: weakref.ref[CaptureQueue]) -> None:
     """At interpreter exit: let a running unit finish (bounded) and start no other."""
     queue = ref()
     if queue is not None and not queue._abandoned:  # a thread stop already gave up on: no wait
-        queue.stop(timeout_s=60.0)
+        queue._stop(60.0, log_cancelled=False)  # units left at exit are no news
