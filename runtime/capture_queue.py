@@ -11,6 +11,16 @@ Where units run depends on the backend. Trace and compile record over stand-ins 
 rows, so a background thread may run them beside serving. A CUDA capture must not overlap
 kernels that other threads launch, so CUDA units run at step boundaries: the engine calls
 `run_for(budget_s)` between steps, holding the worker's lock.
+
+A unit that raises anything (an Exception or any other BaseException: SystemExit, a
+KeyboardInterrupt raised inside it) counts as failed (``units_failed``, logged; its size serves
+eager) and the queue goes on. In the background thread nothing propagates: the thread keeps
+running the other units. In a calling thread (the step-boundary units of a CUDA engine) an
+interrupt (a BaseException that is not an Exception) propagates after the unit is counted, so
+Ctrl-C still stops the program. Units still pending when the queue is stopped are cancelled:
+counted (``units_cancelled``, and in ``units_failed``) and logged. `stop` never waits past its
+timeout and says whether the thread is still running (a hung unit cannot be cut off in Python;
+it is left behind, a daemon thread).
 """
 
 from __future__ import annotations
@@ -76,9 +86,11 @@ class CaptureQueue:
         self._thread: threading.Thread | None = None
         self.threaded = False  # a background thread runs the units (trace, compile)
         self._stopped = False
+        self._abandoned = False  # stop timed out: the thread runs a unit that did not return
         self._atexit = False
         self.units_run = 0
-        self.units_failed = 0
+        self.units_failed = 0  # raised, or cancelled by stop (see the module docstring)
+        self.units_cancelled = 0  # pending when stop was called: never run
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
 
     # ---- queueing ----------------------------------------------------------------------------
@@ -138,8 +150,11 @@ class CaptureQueue:
             return entry, size
         return None
 
-    def run_one(self) -> bool:
-        """Capture the next unit in the calling thread; False when none is pending (or stopped)."""
+    def run_one(self, interrupts: bool = True) -> bool:
+        """Capture the next unit in the calling thread; False when none is pending (or stopped).
+        A unit that raises is counted failed and logged; ``interrupts``: a BaseException that is
+        not an Exception (KeyboardInterrupt, SystemExit) then propagates (the background thread
+        passes False: it keeps going)."""
         with self._lock:
             if self._stopped:
                 return False
@@ -162,6 +177,12 @@ class CaptureQueue:
         except Exception as exc:  # released meanwhile, or anything else: never kill the thread
             self.units_failed += 1
             logger.warning("background capture of %r at size %d stopped: %s", state, size, exc)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by the unit itself
+            self.units_failed += 1
+            logger.error("capture of %r at size %d raised %s: counted failed, that size serves eager%s",
+                         state, size, type(exc).__name__, "" if not interrupts else " (propagated)")
+            if interrupts:
+                raise
         finally:
             with self._lock:
                 self._running -= 1
@@ -204,15 +225,35 @@ class CaptureQueue:
 
     # ---- the background thread ---------------------------------------------------------------
     def stop(self, timeout_s: float | None = 60.0) -> bool:
-        """Run no further unit (pending ones stay eager) and wait up to ``timeout_s`` for the one
-        in progress; True when no unit is running any more. Called at exit as well: a capture
-        thread must not be cut off while torch tears down."""
+        """Run no further unit (pending ones stay eager: cancelled, counted in ``units_failed``
+        and logged) and wait up to ``timeout_s`` (never longer; None: without limit) for the
+        one in progress. True when no unit is running any more; False, with a warning, when
+        the thread still runs after the timeout (a hung unit: it is left behind as a daemon
+        thread and publishes nothing the stopped queue does not expect). Called at exit as
+        well: a capture thread must not be cut off while torch tears down."""
+        return self._stop(timeout_s, log_cancelled=True)
+
+    def _stop(self, timeout_s: float | None, log_cancelled: bool) -> bool:
         with self._lock:
+            first = not self._stopped
             self._stopped = True
             thread = self._thread
+            if first:
+                self._prune()
+                cancelled = sum(len([z for z in e.manager.pending_sizes if (id(e.manager), z) not in self._taken])
+                                for e in self._entries)
+                self.units_cancelled += cancelled
+                self.units_failed += cancelled
+                if cancelled and log_cancelled:
+                    logger.warning("capture stopped: %d pending capture units cancelled (counted failed; "
+                                   "their sizes serve eager)", cancelled)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
-            return not thread.is_alive()
+            if thread.is_alive():
+                self._abandoned = True
+                logger.warning("capture thread still running %s s after stop (a unit in progress did not "
+                               "return); left behind as a daemon thread", timeout_s)
+                return False
         return True
 
     def _ensure_thread(self) -> None:
@@ -236,7 +277,7 @@ class CaptureQueue:
         self._last_unit = time.perf_counter()
         while True:
             self._wait_for_a_turn()
-            if self.run_one():
+            if self.run_one(interrupts=False):
                 self._last_unit = time.perf_counter()
                 continue
             with self._lock:
@@ -286,5 +327,5 @@ def _short_gil_turns() -> Iterator[None]:
 def _stop_at_exit(ref: weakref.ref[CaptureQueue]) -> None:
     """At interpreter exit: let a running unit finish (bounded) and start no other."""
     queue = ref()
-    if queue is not None:
-        queue.stop(timeout_s=60.0)
+    if queue is not None and not queue._abandoned:  # a thread stop already gave up on: no wait
+        queue._stop(60.0, log_cancelled=False)  # units left at exit are no news

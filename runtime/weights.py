@@ -7,10 +7,10 @@ new values *into* those tensors keeps every graph valid with no recapture; repla
 reading the old storage: on CUDA that is a read of freed memory, elsewhere silently stale
 weights. So:
 
-- `WeightRefit` checks a state dict completely first (keys, shapes, dtypes, devices, finite
-  values; nothing changes on an error), records it (one reference write: safe from another
-  thread or a signal handler) and copies it in place when its owner reaches a step boundary;
-  each update bumps a version.
+- `WeightRefit` checks a state dict completely first (keys, shapes, dtypes, devices, layouts,
+  finite values of a magnitude the draft can compute with; nothing changes on an error),
+  records it (one reference write: safe from another thread or a signal handler) and copies it
+  in place when its owner reaches a step boundary; each update bumps a version.
 - `StorageGuard` records the storage of the tensors a graph reads at capture, and refuses a
   replay after one was replaced, naming it (`StaleWeightsError`).
 """
@@ -26,9 +26,15 @@ import torch
 
 from .validation import ConfigTypeError
 
-__all__ = ["StaleWeightsError", "StorageGuard", "WeightRefit", "check_state_dict"]
+__all__ = ["MAX_ABS_WEIGHT", "StaleWeightsError", "StorageGuard", "WeightRefit", "check_state_dict"]
 
 logger = logging.getLogger(__name__)
+
+MAX_ABS_WEIGHT = 1e4
+"""The largest |value| `check_state_dict` accepts in a floating tensor (and at most the square
+root of its dtype's largest value: 256 for float16). A trained draft's weights are a few units
+at most; a finite 1e38 passes an isfinite check, yet a single product overflows, and the
+draft's carried state (its KV cache) then fills with inf / NaN."""
 
 class StaleWeightsError(RuntimeError):
     """A captured graph would read a draft tensor that was replaced since its capture."""
@@ -72,12 +78,14 @@ class StorageGuard:
                     f"(copied in place), or reload to capture again")
 
 
-def check_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True
-                     ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+def check_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True,
+                     max_abs: float = MAX_ABS_WEIGHT) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """Check every entry of ``state_dict`` against ``module``'s tensors before anything changes:
     (name, destination, value) for each entry to copy. TypeError for a value that is not a
-    tensor or has another dtype; ValueError for a missing or unknown key (``strict``), another
-    shape, another device, or a NaN / inf."""
+    dense (strided) tensor or has another dtype; ValueError for a missing or unknown key
+    (``strict``), no key of the draft at all (``strict=False``: a state dict of another model),
+    another shape, another device, a NaN / inf, or a magnitude above ``max_abs`` (see
+    `MAX_ABS_WEIGHT`)."""
     if not isinstance(state_dict, Mapping):
         raise ConfigTypeError(f"state_dict={type(state_dict).__name__}: must be a mapping of name to tensor")
     own = _tensors(module)
@@ -92,6 +100,11 @@ def check_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], str
             parts.append(f"unknown keys {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
         raise ValueError(f"state_dict: {'; '.join(parts)} (strict=True: the keys must be the draft's "
                          f"{len(persistent)} keys; strict=False updates a subset)")
+    if len(unknown) == len(state_dict):
+        expected = sorted(persistent)
+        raise ValueError(f"state_dict: none of its {len(state_dict)} keys is the draft's (e.g. {unknown[:3]}); "
+                         f"the draft expects keys such as {expected[:5]}{' ...' if len(expected) > 5 else ''} "
+                         f"(a state dict of another model?): refused, the version is unchanged")
     if unknown:
         logger.warning("update_draft_weights(strict=False): ignoring keys the draft does not have: %s",
                        unknown[:10])
@@ -102,6 +115,10 @@ def check_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], str
         dest = own[name]
         if not isinstance(value, torch.Tensor):
             raise ConfigTypeError(f"state_dict[{name!r}]={type(value).__name__}: must be a tensor")
+        if value.layout != torch.strided or value.is_quantized:
+            kind = "quantized" if value.is_quantized else str(value.layout)
+            raise ConfigTypeError(f"state_dict[{name!r}] is a {kind} tensor: must be a dense (strided) tensor "
+                                  f"like the draft's (e.g. value.to_dense())")
         if value.shape != dest.shape:
             raise ValueError(f"state_dict[{name!r}] has shape {tuple(value.shape)}: the draft's is "
                              f"{tuple(dest.shape)}")
@@ -110,8 +127,14 @@ def check_state_dict(module: torch.nn.Module, state_dict: Mapping[str, Any], str
         if value.device != dest.device:
             raise ValueError(f"state_dict[{name!r}] is on {value.device}: the draft's is on {dest.device}")
         value = value.detach().clone()  # the caller may reuse its tensors once this returns
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"state_dict[{name!r}] holds NaN or inf values: refused")
+        if value.is_floating_point() and value.numel():
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"state_dict[{name!r}] holds NaN or inf values: refused")
+            limit = min(max_abs, torch.finfo(value.dtype).max ** 0.5)
+            peak = float(value.abs().max())
+            if peak > limit:
+                raise ValueError(f"state_dict[{name!r}] holds a value of magnitude {peak:.3g}: above {limit:.3g}, "
+                                 f"the largest the draft computes with (its activations would overflow): refused")
         pairs.append((name, dest, value))
     return pairs
 

@@ -186,3 +186,94 @@ def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all():
     assert 1 <= done < 8 and w.capture_queue.pending() == 8 - done
     assert w.wait_graphs(60)  # idle: the rest at once
     assert w.state.graphs.captured_sizes == sizes
+
+
+# ---- issue 32: units that raise anything, hang, or are cancelled ------------------------------
+def _inject(manager, fault_at: dict):
+    """Make ``manager``'s capture of the listed sizes call ``fault_at[size]()`` instead."""
+    real = manager._capture_one
+
+    def capture_one(backend, size, copies=False):
+        if size in fault_at:
+            fault_at[size]()
+        return real(backend, size, copies)
+
+    manager._capture_one = capture_one
+
+
+def _raise(exc: BaseException):
+    def go():
+        raise exc
+    return go
+
+
+def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog):
+    w = _worker(_args(sizes=(1, 2, 4, 8)))
+    w.capture_graphs("trace", background=True)
+    manager = w.state.graphs
+    _inject(manager, {2: _raise(SystemExit(3)), 4: _raise(KeyboardInterrupt())})
+    assert w.wait_graphs(60), f"capture thread died: {w.capture_queue.pending()} units pending"
+    assert manager.captured_sizes == (1, 8) and set(manager.failed_sizes) == {2, 4}
+    q = w.capture_queue
+    assert (q.units_run, q.units_failed) == (2, 2)
+    assert "SystemExit" in caplog.text and "KeyboardInterrupt" in caplog.text
+    # a later reload's units still land: the queue is alive
+    prepared = w.prepare_reload(_args(s=2, n=4), backend="trace", background=True)
+    assert w.wait_graphs(60) and prepared.ready and prepared.failed_sizes == {}
+
+
+def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkeypatch):
+    from draftgraph.runtime.capture_queue import CaptureQueue
+
+    monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
+    w = _worker(_args(sizes=(1, 2)))
+    w.capture_graphs("trace", background=True)
+    _inject(w.state.graphs, {1: _raise(KeyboardInterrupt())})
+    with pytest.raises(KeyboardInterrupt):
+        w.capture_pending(10.0)
+    q = w.capture_queue
+    assert q.units_failed == 1 and q.pending() == 1  # counted; the other unit still queued
+    assert w.capture_pending(10.0) == 1 and q.pending() == 0 and q.units_run == 1
+
+
+def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancelled(caplog):
+    w = _worker(_args(sizes=(1, 2, 4, 8)))
+    release, entered = threading.Event(), threading.Event()
+
+    def hang():
+        entered.set()
+        release.wait(60)
+
+    w.capture_graphs("trace", background=True)
+    _inject(w.state.graphs, {1: hang})
+    try:
+        assert entered.wait(30)
+        t0 = time.perf_counter()
+        assert w.stop_capture(0.3) is False  # the thread still runs: said, not hidden
+        assert time.perf_counter() - t0 < 5  # never waits past the timeout (generous guard)
+        q = w.capture_queue
+        assert q.units_cancelled == 3 and q.units_failed == 3  # 2, 4, 8 never ran
+        assert "still running" in caplog.text and "3 pending capture units cancelled" in caplog.text
+    finally:
+        release.set()
+    assert w.stop_capture(30) is True
+
+
+def test_engine_close_reports_a_capture_still_running():
+    target, head = models("eagle")
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2))), max_running_requests=2)
+    engine = SpecDecodeEngine(args, target, head, backend="trace", capture="background")
+    release, entered = threading.Event(), threading.Event()
+
+    def hang():
+        entered.set()
+        release.wait(60)
+
+    _inject(engine.worker.state.graphs, {1: hang, 2: hang})
+    try:
+        assert entered.wait(30)
+        assert engine.close(timeout_s=0.3) is False
+        assert engine.generate([list(prompts()[0])[:10]], 4)  # still serving, eager
+    finally:
+        release.set()
+    assert engine.close(timeout_s=30) is True

@@ -102,3 +102,71 @@ def test_ctrl_c_prints_one_line_and_exits_130(argv, command, monkeypatch, capsys
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [f"draftgraph: {argv[0]} interrupted"]
+
+
+# ---- issue 32: reports -------------------------------------------------------------------------
+def test_max_loop_steps_reports_prefix_agreement():
+    p = _run("simulate", "--requests", "4", "--backend", "eager", "--adaptive", "", "--max-loop-steps", "6")
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("identical to greedy"))
+    assert line.startswith("identical to greedy (prefixes)") and "True" in line, line
+    assert "cut by --max-loop-steps" in line
+
+
+def test_ctrl_c_in_the_greedy_baseline_prints_the_report_of_what_ran(monkeypatch, capsys):
+    from draftgraph.runtime.engine import cli, simulate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate, "greedy_generate", interrupted)
+    assert cli.main(["simulate", "--requests", "3", "--backend", "eager", "--adaptive", ""]) == 130
+    out, err = capsys.readouterr()
+    assert "tokens generated" in out and "Ctrl-C in the greedy baseline" in out
+    assert "simulate interrupted" in err
+
+
+def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
+    import threading
+    import time
+
+    from draftgraph.graphs.manager import GraphCaptureManager
+    from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.engine import simulate
+
+    release = threading.Event()
+    real = GraphCaptureManager._capture_one
+
+    def hang(self, backend, size, copies=False):
+        release.wait(120)
+        return real(self, backend, size, copies)
+
+    monkeypatch.setattr(GraphCaptureManager, "_capture_one", hang)
+    monkeypatch.setattr(simulate, "CLOSE_TIMEOUT_S", 0.5, raising=False)
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2))), max_running_requests=2)
+    cfg = simulate.SimulationConfig(args=args, backend="trace", requests=2, adaptive_steps=(), greedy=False,
+                                    progress=False, min_new=4, max_new=6)
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(simulate.run_simulation(cfg, sighup=None)), daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    try:
+        t.join(90)  # a generous hang guard: the loop takes seconds
+        assert not t.is_alive(), "simulate still waits for the hung capture unit"
+    finally:
+        release.set()
+        t.join(60)
+    assert time.perf_counter() - t0 < 90
+    assert box and box[0]["capture_stopped"] is False and box[0]["tokens_generated"] > 0
+
+
+@pytest.mark.parametrize("flag", ["--metrics-file", "--profile"])
+def test_an_unwritable_output_exits_2_before_serving(tmp_path, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    target = str(blocker / ("m.prom" if flag == "--metrics-file" else "trace-dir"))
+    p = _run("simulate", "--requests", "2", "--backend", "eager", "--adaptive", "", "--no-greedy", flag, target,
+             timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert f"{flag}={target!r}" in p.stderr and "checked before serving" in p.stderr
+    assert "tokens generated" not in p.stdout

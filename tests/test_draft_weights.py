@@ -92,6 +92,11 @@ BAD = [
     ("device", lambda sd: {**sd, "wq.weight": sd["wq.weight"].to("meta")}, ValueError, "'wq.weight'\\] is on meta"),
     ("not a tensor", lambda sd: {**sd, "wq.weight": [1.0, 2.0]}, TypeError, "state_dict\\['wq.weight'\\]=list"),
     ("not a mapping", lambda sd: list(sd.items()), TypeError, "must be a mapping"),
+    # issue 32: finite but beyond what the draft computes with; a sparse tensor
+    ("huge", lambda sd: {**sd, "wq.weight": torch.full_like(sd["wq.weight"], 1e38)}, ValueError,
+     "'wq.weight'\\] holds a value of magnitude 1e\\+38"),
+    ("sparse", lambda sd: {**sd, "wq.weight": sd["wq.weight"].to_sparse()}, TypeError,
+     "'wq.weight'\\] is a torch.sparse_coo tensor"),
 ]
 
 
@@ -107,6 +112,34 @@ def test_a_bad_state_dict_changes_nothing(case, make, exc, match):
     after = engine.drafter.head.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert engine.stats()["draft_weights"]["version"] == 0
+
+
+def test_strict_false_with_no_shared_key_is_refused_naming_the_expected_keys():
+    target, head = models()
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager")
+    other = torch.nn.Linear(4, 4).state_dict()  # another model's state dict
+    with pytest.raises(ValueError, match=r"none of its 2 keys is the draft's .*expects keys such as \['"):
+        engine.update_draft_weights(other, strict=False)
+    engine.step()
+    assert engine.stats()["draft_weights"]["version"] == 0
+
+
+def test_an_update_resets_the_drafts_carried_state():
+    """A draft cache holding inf / NaN (what an update with a finite 1e38 left before issue 32)
+    is cleared by the next update: acceptance is the base figure again, not 1.6-2.2."""
+    target, head = models()
+    original = {k: v.clone() for k, v in head.state_dict().items()}
+    engine = SpecDecodeEngine(_args(), target, head, backend="eager", acceptance_watch=None)
+    outs, base = _phase(engine)
+    cache = engine.drafter.head.cache
+    ptrs = [t.data_ptr() for t in (*cache.k, *cache.v)]
+    for t in (*cache.k, *cache.v):
+        t.view(-1)[::7] = float("inf")  # rows of every slot, as overflowing weights leave them
+    assert engine.update_draft_weights(original) == 1
+    outs, back = _phase(engine)
+    assert outs == reference()[:8] and back == base
+    assert all(bool(torch.isfinite(t).all()) for t in (*cache.k, *cache.v))
+    assert [t.data_ptr() for t in (*cache.k, *cache.v)] == ptrs  # in place: graphs stay valid
 
 
 def test_strict_false_updates_a_subset():

@@ -293,3 +293,49 @@ def test_a_profiler_attached_mid_window_records_the_rest(tmp_path, nvtx_off) -> 
     steps = [e for e in _ranges(tmp_path / "trace.json") if e["name"].startswith("step[")]
     assert [_step_index(e["name"]) for e in steps] == [2, 3, 5]
     assert summary["steps_recorded"] == 3
+
+
+# ---- issue 32: a failed export never takes a step's results; an ops recording is bounded -------
+def test_a_failing_export_returns_the_steps_results_and_is_reported(tmp_path, monkeypatch, caplog, nvtx_off):
+    target, draft = models()
+    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)), max_running_requests=4)
+    eng = SpecDecodeEngine(args, target, draft, backend="eager", capture="blocking")
+    quick = eng.add_request(list(prompts()[5]), 1)  # ends at admission: in step 0's results
+    for p in prompts()[:3]:
+        eng.add_request(list(p), 40)
+
+    def full_disk(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", full_disk)
+    profiler = eng.profiler = StepProfiler(tmp_path, [(0, 0), (2, 3)], cuda_profiler=False)
+    assert quick in eng.step()  # the window's export failed after the step committed
+    assert eng.pop_result(quick) is not None
+    for _ in range(4):
+        eng.step()  # no further window opens: the disk is still full
+    eng.profiler = None
+    summary = profiler.close()
+    assert summary["export_failures"] == 1 and "No space left" in summary["errors"][0]
+    assert summary["steps_recorded"] == 1 and "profile export" in caplog.text
+
+
+def _retained(profiler: StepProfiler) -> int:
+    return len(json.dumps(profiler._events))  # noqa: SLF001 (what the profiler holds until close)
+
+
+def test_ops_mode_without_windows_is_capped(tmp_path, monkeypatch, caplog, nvtx_off):
+    from draftgraph.runtime.engine import step_profiler
+
+    monkeypatch.setattr(step_profiler, "MAX_OPS_STEPS", 3, raising=False)
+    eng = _engine()
+    profiler = eng.profiler = StepProfiler(tmp_path, None, cuda_profiler=False)
+    for _ in range(3):
+        eng.step()
+    at_cap = _retained(profiler)
+    for _ in range(5):
+        eng.step()
+    assert _retained(profiler) == at_cap > 0  # nothing more held after the cap
+    eng.profiler = None
+    summary = profiler.close()
+    assert summary["steps_recorded"] == 3 and summary["capped_at"] == 3
+    assert "--profile-steps" in caplog.text

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture)
+    _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)
     registry = _metrics_registry(ns)
@@ -191,6 +193,36 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         print("draftgraph: simulate interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _probe_dir(folder: str, flag: str, value: str) -> None:
+    """ValueError naming ``flag`` unless a file can be created in ``folder`` (and removed)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".draftgraph-probe-", dir=folder or ".")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"{flag}={value!r}: cannot write in {folder or '.'!r} ({exc.strerror or exc}); "
+                         f"checked before serving") from exc
+
+
+def _check_outputs(ns: argparse.Namespace) -> None:
+    """--metrics-file and --profile must be writable before the models load (exit 2 naming
+    the flag): a report is never lost to an output found unwritable after the loop."""
+    if ns.metrics_file:
+        path = ns.metrics_file
+        if os.path.isdir(path):
+            raise ValueError(f"--metrics-file={path!r}: is a directory (give a file path)")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"--metrics-file={path!r}: not writable")
+        _probe_dir(os.path.dirname(path), "--metrics-file", path)
+    if ns.profile:
+        try:
+            os.makedirs(ns.profile, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--profile={ns.profile!r}: cannot create the folder ({exc.strerror or exc}); "
+                             f"checked before serving") from exc
+        _probe_dir(ns.profile, "--profile", ns.profile)
 
 
 def _metrics_registry(ns: argparse.Namespace) -> Any:
@@ -284,12 +316,24 @@ def _reloads_text(r: dict[str, Any]) -> str:
             f"{r['superseded']} superseded")
 
 
+def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
+    """The lossless check: whole outputs, or prefixes when some were cut (--max-loop-steps) or
+    the baseline was interrupted (then: of the requests compared)."""
+    if r.get("greedy_interrupted"):
+        return ("identical to greedy (prefixes)", f"{r.get('lossless_prefix')} (of {r['greedy_compared']} of "
+                                                  f"{r['requests']} requests: Ctrl-C in the greedy baseline)")
+    if r.get("outputs_cut"):
+        return ("identical to greedy (prefixes)", f"{r.get('lossless_prefix')} ({r['outputs_cut']} of "
+                                                  f"{r['requests']} outputs cut by --max-loop-steps)")
+    return ("identical to greedy", r.get("lossless"))
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
             ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
             ("speedup", f"{r.get('speedup', float('nan')):.2f}x"),
-            ("identical to greedy", r.get("lossless")),
+            _identical_row(r),
             ("accept length (mean)", f"{r['accept_length_mean']:.2f}"),
             ("verify steps", r["verify_steps"]), ("steps per state", r["steps_per_state"]),
             ("graph replays / eager fallbacks", f"{r['graph_replays']} / {r['eager_fallbacks']}"),
@@ -307,7 +351,9 @@ def _print_report(r: dict[str, Any]) -> None:
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
         rows.insert(9, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
-    if r.get("interrupted"):
+    if r.get("greedy_interrupted"):
+        rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))
+    elif r.get("interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C: the figures cover what was served until then"))
     prof = r.get("profile") or {}
     if "trace" in prof:  # --profile DIR
@@ -315,6 +361,10 @@ def _print_report(r: dict[str, Any]) -> None:
                                       f"{prof['steps_recorded']} steps; open at https://ui.perfetto.dev)"))
         if prof.get("stages_svg"):
             rows.append(("stage plot", prof["stages_svg"]))
+    if prof.get("export_failures"):
+        rows.append(("profile export FAILED", f"{prof['export_failures']} write(s): {prof['errors'][0]}"))
+    if prof.get("capped_at"):
+        rows.append(("profile capped", f"at {prof['capped_at']} steps (ops mode without --profile-steps)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

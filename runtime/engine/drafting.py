@@ -51,6 +51,23 @@ class EagleDrafter:
             r.feature, r.draft_p, r.draft_ids = feats[i], p[i], ids[i]
 
     @torch.no_grad()
+    def reset_carried_state(self, running: Sequence[Request]) -> None:
+        """After a weights update: zero the cache rows of every slot no running request holds
+        (stale rows a later request's masked attention multiplies by zero: inf * 0 is NaN) and
+        clear non-finite values everywhere, the running requests' draft inputs included. In
+        place: the captured graphs read these tensors. The running requests keep their finite
+        draft context (outputs are exact whatever the draft holds)."""
+        cache = self.head.cache
+        if cache is not None:
+            live = {r.slot for r in running if r.slot >= 0}
+            for t in (*cache.k, *cache.v):
+                free = [s for s in range(t.shape[0]) if s not in live]
+                if free:
+                    t.index_fill_(0, torch.tensor(free, device=t.device), 0.0)
+                t.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        _clear_non_finite(running)
+
+    @torch.no_grad()
     def prefill(self, req: Request, hidden: torch.Tensor) -> None:
         """Extend over the prompt: hidden [P, d] is the target's, req.bonus the first token."""
         dev = hidden.device
@@ -119,6 +136,12 @@ class MultiLayerDrafter:
                              f"{self.draft_model.max_steps} layers (num_steps <= {self.draft_model.max_steps})")
 
     @torch.no_grad()
+    def reset_carried_state(self, running: Sequence[Request]) -> None:
+        """After a weights update: the draft carries no cache (a pure function of the target's
+        hidden state); the running requests' inputs are cleared of non-finite values."""
+        _clear_non_finite(running)
+
+    @torch.no_grad()
     def prefill(self, req: Request, hidden: torch.Tensor) -> None:
         req.feature = hidden[-1]
 
@@ -135,3 +158,11 @@ class MultiLayerDrafter:
                old_lens: Sequence[int], rows: Sequence[int]) -> None:
         for i in rows:
             reqs[i].feature = hidden[i, acc.paths[i][-1]]
+
+
+def _clear_non_finite(running: Sequence[Request]) -> None:
+    """Replace NaN / inf in the running requests' draft inputs by zeros (in place)."""
+    for r in running:
+        for t in (r.feature, r.draft_p):
+            if t is not None and t.is_floating_point():
+                t.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

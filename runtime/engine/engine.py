@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .profile_windows import engine_step
 from .requests import Request, RequestFailed
 from .scheduling import BandScheduler, check_schedule, reload_state_specs
-from .stats import EngineStats
+from .stats import EngineStats, read_retrying
 from .verify import accept_greedy, verify_mask
 
 __all__ = ["SpecDecodeEngine", "MAX_VERIFY_WIDTH"]
@@ -143,6 +144,9 @@ class SpecDecodeEngine:
         self._finished: dict[int, Request] = {}  # ended, not yet taken by pop_result
         self._just_finished: list[int] = []  # ids that ended in the current step
         self._aborts: set[int] = set()  # applied at the next step boundary
+        # guards _live, _finished and _aborts against another thread's abort_request,
+        # result or pop_result while a request ends (held for a few dict operations)
+        self._requests_lock = threading.Lock()
         self._free = list(range(self.max_slots, 0, -1))
         self.served: list[int] = []  # generation served at every step (with a coordinator)
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
@@ -240,7 +244,11 @@ class SpecDecodeEngine:
         copy it **in place** into the engine's draft at the next step boundary, so parameter
         addresses never move and every captured graph (trace, compile, CUDA) stays valid with no
         recapture. Safe from another thread or a signal handler, like `request_reload`; requests
-        in flight keep going. ``strict=False`` updates a subset of the keys. Returns the weights
+        in flight keep going. Values above `MAX_ABS_WEIGHT` are refused (a finite 1e38 would
+        overflow the draft); every applied update resets the draft's carried state (its cache:
+        free slots zeroed, non-finite values cleared; the requests' draft inputs likewise), so
+        one bad update cannot outlive the next good one. ``strict=False`` updates a subset of
+        the keys (at least one: a state dict that shares none is refused). Returns the weights
         version the draft has once it is applied (``stats()["draft_weights"]``)."""
         return self._weights.request(state_dict, strict)
 
@@ -279,12 +287,12 @@ class SpecDecodeEngine:
 
     def _reload_rejected(self, exc: BaseException) -> None:
         logger.error("reload rejected, the previous state keeps serving: %s", exc)
-        self._stats.reloads.append({"ok": False, "error": str(exc), "step": self._stats.steps})
+        self._stats.record_reload({"ok": False, "error": str(exc)})
 
     def _reload_done(self, new_args: RuntimeArgs) -> None:
         self.args = new_args
         self._generation_seen = self.worker.generation
-        self._stats.reloads.append({"ok": True, "step": self._stats.steps, **self.worker.reload_history[-1]})
+        self._stats.record_reload({"ok": True, **self.worker.reload_history[-1]})
         self._rebuild_adaptive()
 
     def _prepare_reload(self, new_args: RuntimeArgs, policy: str) -> None:
@@ -350,17 +358,18 @@ class SpecDecodeEngine:
         if len(ids) + max_new_tokens + MAX_VERIFY_WIDTH > limit:
             raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
                              f"{MAX_VERIFY_WIDTH} positions of max_len={limit} for the verify tree")
-        rid = self._next_id
-        self._next_id += 1
-        req = Request(rid, ids, max_new_tokens)
-        self._live[rid] = req
-        self._waiting.append(req)
+        with self._requests_lock:
+            rid = self._next_id
+            self._next_id += 1
+            req = Request(rid, ids, max_new_tokens)
+            self._live[rid] = req
+            self._waiting.append(req)
         return rid
 
     @property
     def tokens_generated(self) -> int:
         """Tokens emitted since the engine was built or its stats were reset."""
-        return self._stats.tokens_generated
+        return self._stats.snapshot(since_mark=True)["tokens_generated"]
 
     def has_work(self) -> bool:
         return bool(self._waiting or self.running)
@@ -373,9 +382,8 @@ class SpecDecodeEngine:
     def result(self, rid: int) -> list[int]:
         """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
         RequestFailed for a failed request, KeyError for an unknown or taken id."""
-        req = self._finished.get(rid)
-        if req is None:
-            req = self._live.get(rid)
+        with self._requests_lock:
+            req = self._finished.get(rid) or self._live.get(rid)
             if req is None:
                 raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
         self._raise_failed(req)
@@ -386,11 +394,12 @@ class SpecDecodeEngine:
         the engine then forgets it. None while it is waiting or running. RequestFailed (the
         cause chained) for a failed request, which is then forgotten too; KeyError for an
         unknown id or one already taken."""
-        req = self._finished.pop(rid, None)
-        if req is None:
-            if rid in self._live:
-                return None
-            raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        with self._requests_lock:
+            req = self._finished.pop(rid, None)
+            if req is None:
+                if rid in self._live:
+                    return None
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
         self._raise_failed(req)
         return req.output
 
@@ -398,12 +407,15 @@ class SpecDecodeEngine:
         """Stop request ``rid`` at the next step boundary: a waiting one is never admitted, a
         running one frees its slot (and K/V rows); its tokens so far stay for `pop_result`.
         True when it was waiting or running, False when it had already ended; KeyError for an
-        unknown or taken id. Safe from another thread (one set insertion)."""
-        if rid in self._finished:
-            return False
-        if rid not in self._live:
-            raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
-        self._aborts.add(rid)
+        unknown or taken id. Safe from another thread, also against a request ending at that
+        moment (False: already finished); a request ending in the step that is running when the
+        abort is asked finishes normally (True was returned, the abort finds it ended)."""
+        with self._requests_lock:
+            if rid in self._finished:
+                return False
+            if rid not in self._live:
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+            self._aborts.add(rid)
         return True
 
     @staticmethod
@@ -415,7 +427,8 @@ class SpecDecodeEngine:
 
     def _apply_aborts(self) -> None:
         """End the requests `abort_request` asked for (at a step boundary)."""
-        aborts, self._aborts = self._aborts, set()
+        with self._requests_lock:
+            aborts, self._aborts = self._aborts, set()
         for rid in aborts:
             req = self._live.get(rid)
             if req is None:  # ended meanwhile
@@ -425,7 +438,7 @@ class SpecDecodeEngine:
             else:
                 self.running.remove(req)
             req.aborted = req.done = True
-            self._stats.requests_aborted += 1
+            self._stats.add("requests_aborted")
             self._end(req)
 
     @torch.no_grad()
@@ -454,7 +467,7 @@ class SpecDecodeEngine:
                     raise
                 self._fail(req, exc)
                 continue
-            self._stats.tokens_generated += len(req.output)
+            self._stats.add("tokens_generated", len(req.output))
             if req.done:
                 self._finish(req)
             else:
@@ -470,11 +483,11 @@ class SpecDecodeEngine:
             cause = cause.__cause__ or cause.__context__
         req.error = exc
         req.done = True
-        self._stats.requests_failed += 1
+        self._stats.add("requests_failed")
         self._end(req)
 
     def _finish(self, req: Request) -> None:
-        self._stats.requests_finished += 1
+        self._stats.add("requests_finished")
         self._end(req)
 
     def _end(self, req: Request) -> None:
@@ -483,8 +496,9 @@ class SpecDecodeEngine:
             self._free.append(req.slot)
         req.slot = -1
         req.release()
-        self._live.pop(req.rid, None)
-        self._finished[req.rid] = req
+        with self._requests_lock:  # one move: another thread sees it live or finished, never neither
+            self._finished[req.rid] = req
+            self._live.pop(req.rid, None)
         self._just_finished.append(req.rid)
 
     # ---- the step ------------------------------------------------------------------------------
@@ -504,7 +518,8 @@ class SpecDecodeEngine:
         capture, and the engine following whatever its worker now serves."""
         if self._weights.pending:
             with self.worker.slot.lock, span("update_draft_weights"):
-                self._weights.apply_pending()
+                if self._weights.apply_pending():
+                    self.drafter.reset_carried_state(self.running)
         self._take_reload()
         if self._prepared is not None:
             with span("commit_reload") if self._prepared.ready else contextlib.nullcontext():
@@ -532,7 +547,6 @@ class SpecDecodeEngine:
         reqs = self.running
         if not reqs:
             return sorted(self._just_finished)
-        st.steps += 1
         # a schedule's band at S=0: a plain target decode, one token per request
         off = self.scheduler is not None and self.scheduler.begin_step(len(reqs)) == 0
         spec = self.worker.spec
@@ -554,19 +568,14 @@ class SpecDecodeEngine:
                                          slots, mask, self.cache)
         with st.timed("accept_commit"):
             acc = accept_greedy(tree, logits.argmax(-1))
-            self._commit(reqs, acc)
+            emitted = self._commit(reqs, acc)
+        st.count_verify(b, n, not off, [len(p) for p in acc.paths], emitted)
         if self._acceptance is not None and not off:
             self._acceptance.observe(sum(len(p) for p in acc.paths) / b, self._weights.version)
         with st.timed("extend"):
             alive = [i for i, r in enumerate(reqs) if not r.done]
             if alive:
                 self.drafter.extend(reqs, hidden, acc, lens.tolist(), alive)
-        st.verify_steps += 1
-        st.request_verifies += b
-        st.draft_tokens += b * (n - 1)
-        if not off:
-            st.drafts += b
-        st.batch_sizes[b] = st.batch_sizes.get(b, 0) + 1
         for r in reqs:
             if r.done:
                 self._finish(r)
@@ -579,10 +588,11 @@ class SpecDecodeEngine:
                 self.scheduler.observe(sum(len(p) - 1 for p in acc.paths) / b)
         return sorted(self._just_finished)
 
-    def _commit(self, reqs: list[Request], acc: Any) -> None:
-        """Move accepted K/V to consecutive positions, advance seq_len, emit tokens."""
+    def _commit(self, reqs: list[Request], acc: Any) -> int:
+        """Move accepted K/V to consecutive positions, advance seq_len, emit tokens; returns
+        the tokens emitted (counted with the step's other figures by the caller)."""
         slots, src, dst = [], [], []
-        st = self._stats
+        emitted = 0
         for r, path, toks in zip(reqs, acc.paths, acc.tokens):
             for depth, node in enumerate(path):
                 if node != depth:
@@ -593,15 +603,14 @@ class SpecDecodeEngine:
             r.bonus = toks[-1]
             r.verify_steps += 1
             r.accepted += len(path)
-            st.committed += len(path)
-            st.count_accepted(len(path) - 1)
             before = len(r.output)
             r.emit(toks, self.eos_id)
-            st.tokens_generated += len(r.output) - before
+            emitted += len(r.output) - before
         if slots:
             dev = self.cache.k[0].device
             self.cache.move(torch.tensor(slots, device=dev), torch.tensor(src, device=dev),
                             torch.tensor(dst, device=dev))
+        return emitted
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         """Generate for every prompt (continuous batching); outputs in prompt order, each taken
@@ -623,14 +632,23 @@ class SpecDecodeEngine:
 
     # ---- report --------------------------------------------------------------------------------
     def reset_stats(self) -> None:
-        """Start the engine's counters afresh (tokens, steps, acceptance, stage seconds), e.g.
-        after a warm-up; the worker's counters and the requests are left as they are."""
-        self._stats = EngineStats()
+        """Start the engine's figures in `stats` afresh (tokens, steps, acceptance, stage
+        seconds, recent reloads), e.g. after a warm-up; the worker's counters and the requests
+        are left as they are. The exported Prometheus counters keep rising (a counter never
+        goes down within a process): they are totals for the life of the engine."""
+        self._stats.mark()
 
     def stats(self) -> dict[str, Any]:
-        """Engine figures plus the worker's counters and per-state statistics."""
+        """Engine figures plus the worker's counters and per-state statistics. Safe from any
+        thread (a metrics scrape while serving): the engine's figures are one snapshot taken
+        under their lock, the worker's are re-read when a step changed them mid-read."""
+        return read_retrying(self._read_stats)
+
+    def _read_stats(self) -> dict[str, Any]:
         c = self.worker.counters.as_dict()
-        out = self._stats.as_dict()
+        snap = self._stats.snapshot(since_mark=True)  # one consistent copy (safe from any thread)
+        recent = snap.pop("reloads")
+        out = snap
         out.update(graph_replays=c["graph_replays"], eager_fallbacks=c["graph_eager_fallbacks"],
                    eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
@@ -638,15 +656,17 @@ class SpecDecodeEngine:
                    schedule=self.scheduler.as_dict() if self.scheduler is not None else None,
                    state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
-        out["reloads"] = {**self.worker.reload_log.totals(), "recent": list(self._stats.reloads)}
+        out["reloads"] = {**self.worker.reload_log.totals(), "recent": recent}
         out["draft_weights"] = self._weights.as_dict()
         out["acceptance_watch"] = self._acceptance.as_dict() if self._acceptance is not None else None
         return out
 
-    def close(self, timeout_s: float | None = 60.0) -> None:
-        """Stop background capture (waiting up to ``timeout_s`` for a unit in progress); the
-        engine keeps serving, eager where graphs are missing."""
-        self.worker.stop_capture(timeout_s)
+    def close(self, timeout_s: float | None = 60.0) -> bool:
+        """Stop background capture (waiting up to ``timeout_s``, never longer, for a unit in
+        progress; pending units are cancelled, counted failed); the engine keeps serving, eager
+        where graphs are missing. True when no capture runs any more; False (and a warning)
+        when a unit still runs after the timeout: its daemon thread is left behind."""
+        return self.worker.stop_capture(timeout_s)
 
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it: ``startup_s`` (construction to the first servable step),
@@ -667,6 +687,7 @@ class SpecDecodeEngine:
             "states": [_describe_capture(s) for s in states],
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
+            "capture_units_cancelled": queue.units_cancelled,
         }
 
     def _states(self) -> list[Any]:

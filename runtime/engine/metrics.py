@@ -1,11 +1,12 @@
 """Prometheus metrics of a `SpecDecodeEngine`: its counters, its worker's, its coordinator's.
 
 Read at scrape time from the engine's `EngineStats` (no per-step cost); the names are in
-`draftgraph.runtime.metrics.METRICS`. Engine counters restart from zero after
-`SpecDecodeEngine.reset_stats` (Prometheus's ``rate()`` treats that as a counter reset); the
-worker's counters never go down. `serve_metrics` serves them on 127.0.0.1 by default (the CLI's
-``--metrics-port`` / ``--metrics-host``) from a bounded server (`metrics_server.MetricsServer`:
-idle connections cost no thread and are closed after a timeout; a few handler threads at most).
+`draftgraph.runtime.metrics.METRICS`. Every counter only rises within a process: the engine's
+are its totals for its life (`SpecDecodeEngine.reset_stats` restarts ``stats()`` only), read in
+one snapshot per scrape; the worker's never go down either. `serve_metrics` serves them on
+127.0.0.1 by default (the CLI's ``--metrics-port`` / ``--metrics-host``) from a bounded server
+(`metrics_server.MetricsServer`: idle connections cost no thread and are closed after a timeout;
+a few handler threads at most).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from ..metrics import MetricsHandle, Samples, read_consistent, read_coordinator, read_worker, register_source
+from ..metrics import MetricsHandle, Samples, read_coordinator, read_worker, register_source
 from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
 __all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback"]
@@ -29,23 +30,24 @@ logger = logging.getLogger(__name__)
 def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     """The engine's counters, stage seconds and start-up figures, then its worker's and its
     coordinator's."""
-    st = engine._stats  # noqa: SLF001 (the engine's own package; stats() copies far more per scrape)
+    # totals for the life of the engine, one snapshot under the stats' lock: a whole step or
+    # none of it, and never lower than the last scrape (reset_stats only moves stats()'s mark)
+    st = engine._stats.snapshot()  # noqa: SLF001 (the engine's own package; stats() copies far more)
     add = out.add
-    drafts, committed = st.drafts, st.committed
-    accepted = committed - st.request_verifies  # a schedule's S=0 steps verify the bonus alone
+    drafts, accepted = st["drafts"], st["accepted"]
     add("draftgraph_spec_decode_drafts", labels, drafts)
-    add("draftgraph_spec_decode_draft_tokens", labels, st.draft_tokens)
+    add("draftgraph_spec_decode_draft_tokens", labels, st["draft_tokens"])
     add("draftgraph_spec_decode_accepted_tokens", labels, accepted)
-    per_pos = read_consistent(lambda: dict(st.accepted_per_pos))
+    per_pos = st["accepted_per_pos"]
     for pos in sorted(per_pos):
         add("draftgraph_spec_decode_accepted_tokens_per_pos", {**labels, "position": str(pos)}, per_pos[pos])
     add("draftgraph_spec_decode_mean_acceptance_length", labels, 1.0 + accepted / drafts if drafts else 0.0)
-    add("draftgraph_engine_steps", labels, st.verify_steps)
-    add("draftgraph_tokens_generated", labels, st.tokens_generated)
-    add("draftgraph_requests_finished", labels, st.requests_finished)
-    add("draftgraph_requests_aborted", labels, st.requests_aborted)
-    add("draftgraph_requests_failed", labels, st.requests_failed)
-    for stage, seconds in list(st.stage_s.items()):
+    add("draftgraph_engine_steps", labels, st["verify_steps"])
+    add("draftgraph_tokens_generated", labels, st["tokens_generated"])
+    add("draftgraph_requests_finished", labels, st["requests_finished"])
+    add("draftgraph_requests_aborted", labels, st["requests_aborted"])
+    add("draftgraph_requests_failed", labels, st["requests_failed"])
+    for stage, seconds in st["stage_s"].items():
         add("draftgraph_stage_seconds", {**labels, "stage": stage}, seconds)
     add("draftgraph_startup_seconds", labels, engine.startup_s)
     weights = engine._weights  # noqa: SLF001

@@ -8,12 +8,15 @@ profiler, NVTX or a span tracer listens) and the attached profiler's window hook
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from draftgraph.graphs.spans import span, spans_active
 
 __all__ = ["Window", "check_windows", "engine_step", "parse_profile_steps", "step_attrs"]
+
+logger = logging.getLogger(__name__)
 
 Window = tuple[int, int]
 """First and last engine step of a window, inclusive, counted from 0."""
@@ -78,11 +81,26 @@ def engine_step(engine: Any, body: Callable[[], list[int]]) -> list[int]:
     profiler = engine.profiler
     if profiler is not None:
         profiler.before_step(index)
+    # once the step committed its results are returned whatever the profiler does: a hook that
+    # raises (it should not: `StepProfiler` logs and counts its own write failures) is logged
     try:
         if spans_active():
             with span("step", **step_attrs(engine, index)):
-                return body()
-        return body()
-    finally:
+                out = body()
+        else:
+            out = body()
+    except BaseException:
         if profiler is not None:
-            profiler.after_step(index)
+            _after_step(profiler, index)
+        raise
+    if profiler is not None:
+        _after_step(profiler, index)
+    return out
+
+
+def _after_step(profiler: Any, index: int) -> None:
+    """The profiler's ``after_step``; an Exception from it is logged, never raised."""
+    try:
+        profiler.after_step(index)
+    except Exception:  # the step's results come first
+        logger.exception("profiler after_step(%d) raised; the step's results are returned", index)

@@ -29,6 +29,8 @@ __all__ = ["SimulationConfig", "run_simulation"]
 
 logger = logging.getLogger(__name__)
 
+CLOSE_TIMEOUT_S = 10.0  # the longest wait after the loop for a capture unit in progress
+
 
 @dataclass(frozen=True)
 class SimulationConfig:
@@ -180,7 +182,9 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     except KeyboardInterrupt:  # Ctrl-C: stop serving, report what finished
         interrupted, loop_s = True, time.perf_counter() - start
     finally:
-        engine.close(timeout_s=None)  # no capture thread outlives the loop or runs beside greedy
+        # no capture unit starts after the loop; one in progress gets CLOSE_TIMEOUT_S (a hung
+        # unit cannot keep the report waiting: it is left behind, reported, beside greedy)
+        capture_stopped = engine.close(timeout_s=CLOSE_TIMEOUT_S)
         if bar is not None:
             bar.close()
         if reload_signal is not None:
@@ -195,7 +199,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
         "drafts": st["drafts"], "draft_tokens": st["draft_tokens"],
-        "accepted_tokens": st["committed"] - st["request_verifies"], "accepted_per_pos": st["accepted_per_pos"],
+        "accepted_tokens": st["accepted"], "accepted_per_pos": st["accepted_per_pos"],
         "steps_per_state": st["steps_per_state"], "schedule": st["schedule"],
         "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
@@ -213,12 +217,16 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         report["served_generations"] = engine.served
         report["coordinator"] = engine.coordinator.stats.as_dict()
     report["interrupted"] = interrupted
+    report["capture_stopped"] = capture_stopped
     if reload_signal is not None:
         report["sighup"] = reload_signal.as_dict()
     if cfg.greedy and not interrupted:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
                                        cfg.args.max_running_requests or 8))
-        report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
+        if report["greedy_tokens_per_s"]:
+            report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
+        if report["greedy_interrupted"]:  # Ctrl-C in the baseline: the report of what ran
+            report["interrupted"] = True
     return report
 
 
@@ -235,18 +243,33 @@ def _before_after_ready(ready: tuple[int, float, int] | None, start: float, end:
 
 def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
                      outs: list[list[int]], batch: int) -> dict[str, Any]:
-    """Target-only greedy on the same requests, in arrival order, ``batch`` at a time."""
+    """Target-only greedy on the same requests, in arrival order, ``batch`` at a time.
+
+    ``lossless``: every output equals greedy's whole output; ``lossless_prefix``: every output
+    is a prefix of greedy's (what a run cut by ``--max-loop-steps`` can show: its unfinished
+    requests hold fewer tokens); ``outputs_cut``: the outputs shorter than asked. Ctrl-C in the
+    baseline ends it: the figures cover the groups compared (``greedy_compared``) and
+    ``greedy_interrupted`` is True."""
     start = time.perf_counter()
-    same = True
-    tokens = 0
-    for i in range(0, len(prompts), batch):
-        group = range(i, min(i + batch, len(prompts)))
-        ref = greedy_generate(target, [prompts[j] for j in group], max(max_new[j] for j in group))
-        for j, r in zip(group, ref):
-            tokens += max_new[j]
-            same &= r[:max_new[j]] == outs[j]
+    same = prefix = True
+    tokens = compared = 0
+    interrupted = False
+    try:
+        for i in range(0, len(prompts), batch):
+            group = range(i, min(i + batch, len(prompts)))
+            ref = greedy_generate(target, [prompts[j] for j in group], max(max_new[j] for j in group))
+            for j, r in zip(group, ref):
+                tokens += max_new[j]
+                compared += 1
+                same &= r[:max_new[j]] == outs[j]
+                prefix &= r[:len(outs[j])] == outs[j]
+    except KeyboardInterrupt:
+        interrupted = True
     s = time.perf_counter() - start
-    return {"greedy_s": s, "greedy_tokens_per_s": tokens / s, "lossless": same}
+    cut = sum(len(o) < m for o, m in zip(outs[:compared], max_new))
+    return {"greedy_s": s, "greedy_tokens_per_s": tokens / s if tokens and s > 0 else 0.0,
+            "lossless": same if compared else None, "lossless_prefix": prefix if compared else None,
+            "outputs_cut": cut, "greedy_compared": compared, "greedy_interrupted": interrupted}
 
 
 def rank_simulation(rank: int, world_size: int, cfg: SimulationConfig, reloads: Any = None) -> dict[str, Any]:

@@ -1,26 +1,56 @@
-"""Engine counters and per-stage timings (host wall time), reported by `SpecDecodeEngine.stats`."""
+"""Engine counters and per-stage timings (host wall time), reported by `SpecDecodeEngine.stats`.
+
+Thread safety: the serving thread changes the counters under one lock (a few uncontended
+acquisitions per step), and every reader takes a `snapshot` under the same lock, so a metrics
+scrape or a `stats()` call from another thread sees a whole step or none of it, and never a
+container changing under it. The counters only rise for the life of the engine; `mark` (the
+engine's `reset_stats`) records a baseline that `snapshot(since_mark=True)` subtracts, so the
+exported counters stay monotonic while `stats()` starts afresh.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from draftgraph.graphs.spans import span
 
-__all__ = ["EngineStats", "STAGES"]
+__all__ = ["EngineStats", "STAGES", "read_retrying"]
 
+T = TypeVar("T")
 RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
 """The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
 profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
 
+_COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "draft_tokens", "accepted",
+           "tokens_generated", "requests_finished", "requests_aborted", "requests_failed")
+_MAPS = ("accepted_per_pos", "batch_sizes", "stage_s")
+_RETRIES = 8
+
+
+def read_retrying(read: Callable[[], T]) -> T:
+    """``read()``, again when a container changed size under it: the worker's figures (its
+    states' counts, computed at each read) are read without a lock from another thread while
+    the serving thread adds a padded size or an eager reason."""
+    for attempt in range(_RETRIES):
+        try:
+            return read()
+        except RuntimeError as exc:  # "dictionary changed size during iteration"
+            if attempt == _RETRIES - 1 or "during iteration" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
 
 @dataclass
 class EngineStats:
-    """What the decode loop did: steps, tokens, acceptance, stage seconds."""
+    """What the decode loop did: steps, tokens, acceptance, stage seconds (totals for the life
+    of the engine; change them only through the methods, which hold the lock)."""
 
     steps: int = 0
     verify_steps: int = 0
@@ -28,6 +58,7 @@ class EngineStats:
     committed: int = 0  # tokens committed by verifies (accepted drafts + bonus)
     drafts: int = 0  # requests drafted for (per verify step with speculation on: not S=0 steps)
     draft_tokens: int = 0  # draft tokens verified (N - 1 per request per verify step)
+    accepted: int = 0  # draft tokens accepted (bonus not counted; S=0 steps accept none)
     accepted_per_pos: dict[int, int] = field(default_factory=dict)  # drafts accepted at position i
     tokens_generated: int = 0
     requests_finished: int = 0
@@ -38,6 +69,8 @@ class EngineStats:
     # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in
     # the worker's ReloadLog, for the life of the process
     reloads: deque[dict] = field(default_factory=lambda: deque(maxlen=RECENT_RELOADS))
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
+    _mark: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -48,21 +81,69 @@ class EngineStats:
             with span(stage):
                 yield
         finally:
-            self.stage_s[stage] += time.perf_counter() - start
+            dt = time.perf_counter() - start
+            with self._lock:
+                self.stage_s[stage] += dt
 
-    def count_accepted(self, accepted: int) -> None:
-        """One draft's accepted tokens (bonus not counted): positions 0..accepted-1 each count it."""
-        per_pos = self.accepted_per_pos
-        for pos in range(accepted):
-            per_pos[pos] = per_pos.get(pos, 0) + 1
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` (one of the int fields)."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
 
-    @property
-    def accept_length_mean(self) -> float:
-        """Tokens committed per request per verify step, bonus included (1.0 = no draft accepted)."""
-        return self.committed / self.request_verifies if self.request_verifies else 0.0
+    def count_verify(self, batch: int, width: int, drafted: bool, paths: Sequence[int], tokens: int) -> None:
+        """One verify step of ``batch`` requests, ``width`` tokens each (N), ``paths`` the
+        committed tokens per request (bonus included), ``tokens`` those emitted: every figure
+        of the step at once (a reader sees all of them or none)."""
+        with self._lock:
+            self.steps += 1
+            self.verify_steps += 1
+            self.request_verifies += batch
+            self.draft_tokens += batch * (width - 1)
+            if drafted:
+                self.drafts += batch
+            self.batch_sizes[batch] = self.batch_sizes.get(batch, 0) + 1
+            per_pos = self.accepted_per_pos
+            for length in paths:
+                self.committed += length
+                self.accepted += length - 1
+                for pos in range(length - 1):
+                    per_pos[pos] = per_pos.get(pos, 0) + 1
+            self.tokens_generated += tokens
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["reloads"] = list(self.reloads)
-        d["accept_length_mean"] = self.accept_length_mean
+    def record_reload(self, record: dict) -> None:
+        """Keep one reload record (``step``: verify steps since the last `mark`)."""
+        with self._lock:
+            base = self._mark["steps"] if self._mark is not None else 0
+            self.reloads.append({"step": self.steps - base, **record})
+
+    def snapshot(self, since_mark: bool = False) -> dict[str, Any]:
+        """A copy of every figure, taken under the lock (safe from any thread). ``since_mark``:
+        the figures since the last `mark` (the engine's ``stats()``), else the totals for the
+        life of the engine (the exported counters, which never go down)."""
+        with self._lock:
+            d: dict[str, Any] = {k: getattr(self, k) for k in _COUNTS}
+            for k in _MAPS:
+                d[k] = dict(getattr(self, k))
+            d["reloads"] = list(self.reloads)
+            base = self._mark
+        if since_mark and base is not None:
+            for k in _COUNTS:
+                d[k] -= base[k]
+            for k in _MAPS:
+                old = base[k]
+                d[k] = {key: v - old.get(key, 0) for key, v in d[k].items()
+                        if k == "stage_s" or v != old.get(key, 0)}
+        d["accept_length_mean"] = d["committed"] / d["request_verifies"] if d["request_verifies"] else 0.0
         return d
+
+    def mark(self) -> None:
+        """Start `snapshot(since_mark=True)` afresh from now (the totals keep rising) and forget
+        the reload records."""
+        totals = self.snapshot()
+        with self._lock:
+            self._mark = totals
+            self.reloads.clear()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures since the last `mark` (`snapshot`)."""
+        return self.snapshot(since_mark=True)

@@ -8,6 +8,12 @@ When CUDA is available the same windows call ``torch.cuda.profiler.start`` / ``s
 (cudaProfilerStart / Stop), so ``nsys profile -c cudaProfilerApi`` records the same steps;
 ``out_dir=None`` does only that. At the end ``out_dir/trace.json`` holds every window, and the
 summary carries the range table (`profile_report.range_table`) and the per-step stage times.
+
+A failure to write (a full disk: an OSError from the exporter) never reaches the engine's step:
+the window is dropped, the error is logged and counted (``export_failures``, ``errors`` in the
+summary) and no further window opens. Without windows, the torch profiler (ops mode) records at
+most `MAX_OPS_STEPS` steps (each holds megabytes of events in memory until the end), then stops
+with a warning: give windows (``--profile-steps``) to record later steps.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ logger = logging.getLogger(__name__)
 TRACE_FILE = "trace.json"
 STAGES_PLOT = "stages.svg"
 ALL_STEPS: Window = (0, sys.maxsize)
+MAX_OPS_STEPS = 100
+"""Steps the torch profiler records when no window was given (measured: about 5.7 MiB of
+events per step of the demo engine, held in memory until the trace is written)."""
 
 
 class StepProfiler:
@@ -61,6 +70,10 @@ class StepProfiler:
         self._wall_s = 0.0
         self._t0 = 0.0
         self._closed = False
+        self._window_steps = 0
+        self.export_failures = 0
+        self.errors: list[str] = []
+        self.capped = False
         if self.out_dir is not None:
             os.makedirs(self.out_dir, exist_ok=True)
 
@@ -76,11 +89,25 @@ class StepProfiler:
             self._start()
         if self._stack is not None:
             self._steps_recorded += 1
+            self._window_steps += 1
 
     def after_step(self, index: int) -> None:
-        """Close the window when step ``index`` ends one."""
-        if self._stack is not None and any(index == b for _, b in self.windows):
+        """Close the window when step ``index`` ends one (or when an ops recording without
+        windows reached `MAX_OPS_STEPS`). Never raises for a failed write (see the module)."""
+        if self._stack is None:
+            return
+        if self._unbounded_ops() and self._window_steps >= MAX_OPS_STEPS:
+            self.capped = True
+            logger.warning("profiling stopped after %d steps: the torch profiler without windows holds every "
+                           "step's events in memory; give --profile-steps A-B to record later steps",
+                           self._window_steps)
             self._stop()
+            self._closed = True  # no further window
+        elif any(index == b for _, b in self.windows):
+            self._stop()
+
+    def _unbounded_ops(self) -> bool:
+        return self.windows == (ALL_STEPS,) and not self.spans_only and self.out_dir is not None
 
     def _start(self) -> None:
         stack = contextlib.ExitStack()
@@ -101,7 +128,23 @@ class StepProfiler:
         logger.info("profiling window opened (%s)", "spans only" if self.spans_only else "torch profiler")
 
     def _stop(self) -> None:
+        """End the window; a failed write drops it (logged, counted) and ends the profiling."""
+        try:
+            self._stop_window()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        self.export_failures += 1
+        self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        self._torch_prof = None
+        self._closed = True  # a full disk stays full: open no further window
+        logger.error("profile export to %s failed; the window is dropped and profiling stops (serving goes on): %s",
+                     self.out_dir, exc)
+
+    def _stop_window(self) -> None:
         stack, self._stack = self._stack, None
+        self._window_steps = 0
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._wall_s += time.perf_counter() - self._t0
@@ -113,11 +156,14 @@ class StepProfiler:
             return
         self._labels.update(span_label(n, a) for n, a in self._window_records)
         part = os.path.join(self.out_dir, f".window-{len(self._meta.get('windows', []))}.json")
-        self._torch_prof.export_chrome_trace(part)
-        self._torch_prof = None
-        with open(part) as f:
-            doc = json.load(f)
-        os.remove(part)
+        prof, self._torch_prof = self._torch_prof, None
+        try:
+            prof.export_chrome_trace(part)
+            with open(part) as f:
+                doc = json.load(f)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(part)
         self._events.extend(doc.pop("traceEvents", []))
         self._meta.setdefault("windows", []).append(doc)
 
@@ -131,10 +177,21 @@ class StepProfiler:
         summary: dict[str, Any] = {"windows": [list(w) for w in self.windows if w != ALL_STEPS] or "all",
                                    "mode": "spans_only" if self.spans_only else "ops",
                                    "cuda_profiler_api": self.cuda_profiler,
-                                   "steps_recorded": self._steps_recorded, "wall_s": round(self._wall_s, 4)}
+                                   "steps_recorded": self._steps_recorded, "wall_s": round(self._wall_s, 4),
+                                   "capped_at": MAX_OPS_STEPS if self.capped else None}
         if self.out_dir is None:
             return summary
-        path = os.path.join(self.out_dir, TRACE_FILE)
+        try:
+            self._write(summary)
+        except OSError as exc:
+            self._failed(exc)
+        summary.update(export_failures=self.export_failures, errors=list(self.errors))
+        return summary
+
+    def _write(self, summary: dict[str, Any]) -> None:
+        """Write the trace (and the plot) into ``out_dir`` and add their figures to ``summary``."""
+        out_dir = os.fspath(self.out_dir or ".")
+        path = os.path.join(out_dir, TRACE_FILE)
         doc = {"traceEvents": self._events, "displayTimeUnit": "ms"}
         if self._meta.get("windows"):
             first = self._meta["windows"][0]
@@ -150,8 +207,7 @@ class StepProfiler:
             counts[name] = counts.get(name, 0) + 1
         summary.update(trace=path, trace_bytes=os.path.getsize(path), ranges=range_table(ranges),
                        steps=steps, spans=dict(sorted(counts.items())),
-                       stages_svg=write_stage_plot(steps, os.path.join(self.out_dir, STAGES_PLOT)))
-        return summary
+                       stages_svg=write_stage_plot(steps, os.path.join(out_dir, STAGES_PLOT)))
 
 
 @contextlib.contextmanager
