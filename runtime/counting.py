@@ -9,13 +9,35 @@ the worker's figures never go down and a long-running worker keeps no per-state 
 
 from __future__ import annotations
 
+import logging
 import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 from draftgraph.graphs import ReplayCounters
 
 from .state import DraftCounters, RuntimeState, StepCounts
 
-__all__ = ["CounterLedger", "WorkerEvents"]
+__all__ = ["CounterLedger", "WorkerEvents", "read_consistent"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_RETRIES = 8
+
+
+def read_consistent(read: Callable[[], T]) -> T:
+    """``read()``, again when a container changed size under it: counters are read without a
+    lock from another thread (a metrics scrape, ``stats()``) while the serving thread adds a
+    padded size or an eager reason ("dictionary changed size during iteration")."""
+    for attempt in range(_RETRIES):
+        try:
+            return read()
+        except RuntimeError as exc:
+            if attempt == _RETRIES - 1 or "during iteration" not in str(exc):
+                raise
+            logger.debug("read retried: %s", exc)
+    raise AssertionError("unreachable")
 
 
 class WorkerEvents:

@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 
+from .counting import read_consistent
 from .state import EAGER_REASONS
 
 __all__ = ["METRICS", "MetricsHandle", "Samples", "register_coordinator_metrics",
@@ -87,7 +88,6 @@ METRICS: dict[str, tuple[str, str]] = {
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RESERVED = {"num_steps", "num_draft_tokens", "topology", "size", "reason", "result", "position", "stage",
              "rank", "active"}
-_RETRIES = 5
 
 
 class Samples:
@@ -111,18 +111,6 @@ class Samples:
 
 Reader = Callable[[Samples, dict[str, str]], None]
 
-
-def read_consistent(read: Callable[[], Any]) -> Any:
-    """``read()``, again when a dict changed size under it (a step on another thread added a
-    padded size or an eager reason); counters are only read, never locked."""
-    for attempt in range(_RETRIES):
-        try:
-            return read()
-        except RuntimeError as exc:  # "dictionary changed size during iteration"
-            if attempt == _RETRIES - 1:
-                raise
-            logger.debug("scrape read retried: %s", exc)
-    return None  # unreachable
 
 
 class _RegistryCollector:

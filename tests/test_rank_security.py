@@ -38,7 +38,11 @@ def test_loopback_store_listens_on_127_0_0_1_only():
 
 
 def _launcher_listens(rank: int, world: int) -> set[str]:
-    return _listening(os.getppid())  # the launcher: it hosts the group's store
+    """Addresses the launcher (it hosts the group's store) listens on at the ports this rank is
+    connected to: the store's. Other sockets of the launcher (a test process's own) are left out."""
+    mine = {c.raddr.port for c in psutil.Process().net_connections("inet")
+            if c.raddr and c.status == psutil.CONN_ESTABLISHED}
+    return {ip for port in mine for ip in _listening(os.getppid(), port)}
 
 
 def test_spawn_ranks_store_listens_on_loopback_only():

@@ -28,6 +28,7 @@ import torch
 from draftgraph.graphs import capture_batch_sizes
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs, VerifyTree, build_tree
+from draftgraph.runtime.counting import read_consistent
 from draftgraph.runtime.reload import PreparedReload
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
@@ -40,7 +41,7 @@ from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .profile_windows import engine_step
 from .requests import Request, RequestFailed
 from .scheduling import BandScheduler, check_schedule, reload_state_specs
-from .stats import EngineStats, read_retrying
+from .stats import EngineStats
 from .verify import accept_greedy, verify_mask
 
 __all__ = ["SpecDecodeEngine", "MAX_VERIFY_WIDTH"]
@@ -642,7 +643,7 @@ class SpecDecodeEngine:
         """Engine figures plus the worker's counters and per-state statistics. Safe from any
         thread (a metrics scrape while serving): the engine's figures are one snapshot taken
         under their lock, the worker's are re-read when a step changed them mid-read."""
-        return read_retrying(self._read_stats)
+        return read_consistent(self._read_stats)
 
     def _read_stats(self) -> dict[str, Any]:
         c = self.worker.counters.as_dict()

@@ -13,16 +13,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from draftgraph.graphs.spans import span
 
-__all__ = ["EngineStats", "STAGES", "read_retrying"]
+__all__ = ["EngineStats", "STAGES"]
 
-T = TypeVar("T")
 RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
 """The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
@@ -31,20 +30,7 @@ profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ran
 _COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "draft_tokens", "accepted",
            "tokens_generated", "requests_finished", "requests_aborted", "requests_failed")
 _MAPS = ("accepted_per_pos", "batch_sizes", "stage_s")
-_RETRIES = 8
 
-
-def read_retrying(read: Callable[[], T]) -> T:
-    """``read()``, again when a container changed size under it: the worker's figures (its
-    states' counts, computed at each read) are read without a lock from another thread while
-    the serving thread adds a padded size or an eager reason."""
-    for attempt in range(_RETRIES):
-        try:
-            return read()
-        except RuntimeError as exc:  # "dictionary changed size during iteration"
-            if attempt == _RETRIES - 1 or "during iteration" not in str(exc):
-                raise
-    raise AssertionError("unreachable")
 
 
 @dataclass
