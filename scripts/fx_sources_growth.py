@@ -3,8 +3,9 @@
 Each reload captures new graphs; FX keeps every GraphModule's generated source in its loader
 cache and in ``linecache`` unless the released graph evicts it. This serves a few requests per
 reload (S cycling 2, 3, 4; sizes 1, 2, 4; blocking capture) and prints, at three reload counts
-that are multiples of 3 (the same S at each, so the same graphs live): FX cache entries and characters, linecache entries and characters, and the Python
-memory traced by ``tracemalloc`` (flat means nothing grows per reload).
+that are multiples of 3 (the same S at each, so the same graphs live): FX cache entries and
+characters, linecache entries and characters, and the Python memory traced by ``tracemalloc``
+(flat means nothing grows per reload).
 
     python -m scripts.fx_sources_growth [--backend trace] [--reloads 30]
 """
