@@ -74,30 +74,45 @@ _ATTACKER = textwrap.dedent("""
 """)
 
 
-def _nobody_reason() -> str | None:
-    """Why uid 65534 cannot be the attacker here (None: it can)."""
+def _nobody_python() -> tuple[list[str], dict[str, str]] | str:
+    """An interpreter uid 65534 can run with torch, and its environment; or why there is none.
+
+    This interpreter first; when it lives where uid 65534 may not go (a venv built on an
+    interpreter under /root, mode 700), a system Python of the same version with this one's
+    site-packages on PYTHONPATH (the attacker script needs torch.distributed only)."""
     if os.geteuid() != 0:
         return "not root: cannot start a process as uid 65534"
-    try:
-        probe = subprocess.run([sys.executable, "-c", "import torch.distributed"], user=NOBODY, group=NOBODY,
-                               capture_output=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cannot start {sys.executable} as uid 65534: {exc}"
-    if probe.returncode != 0:
-        return f"uid 65534 cannot run {sys.executable} with torch: {probe.stderr.decode()[-200:]}"
-    return None
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site_dirs = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "HOME": "/tmp"}
+    tried = []
+    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site_dirs})):
+        try:
+            probe = subprocess.run([exe, "-c", "import torch.distributed"], user=NOBODY, group=NOBODY,
+                                   capture_output=True, timeout=120, env={**env, **extra})
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{exe}: {exc}")
+            continue
+        if probe.returncode == 0:
+            return [exe], {**env, **extra}
+        tried.append(f"{exe}: {probe.stderr.decode()[-200:]}")
+    return "uid 65534 cannot run a Python with torch here: " + "; ".join(tried)
 
 
 @pytest.mark.parametrize("as_nobody", [False, True], ids=["same-user", "uid-65534"])
 def test_hostile_pickle_in_the_store_never_runs_and_fails_the_round(tmp_path, as_nobody):
-    if as_nobody and (why := _nobody_reason()) is not None:
-        pytest.skip(why)
+    python, extra = [sys.executable], {}
+    if as_nobody:
+        found = _nobody_python()
+        if isinstance(found, str):
+            pytest.skip(found)
+        python, env = found
+        extra = {"user": NOBODY, "group": NOBODY, "env": env}
     marker = tmp_path / "pwned"
     payload = pickle.dumps(_Marker(str(marker)))
     server = loopback_store(timedelta(seconds=10))
     leader, follower = (RankProtocol(server, "t/", r, 2, 0.5) for r in range(2))
-    extra = {"user": NOBODY, "group": NOBODY, "env": {**os.environ, "HOME": "/tmp"}} if as_nobody else {}
-    out = subprocess.run([sys.executable, "-c", _ATTACKER, str(server.port), payload.hex()],
+    out = subprocess.run([*python, "-c", _ATTACKER, str(server.port), payload.hex()],
                          capture_output=True, timeout=120, **extra)
     assert out.returncode == 0 and b"written" in out.stdout, out.stderr.decode()[-2000:]
 
