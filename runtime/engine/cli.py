@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -373,10 +374,39 @@ def _print_report(r: dict[str, Any]) -> None:
         print(format_table(prof["ranges"]))
 
 
+class _DropMessage(logging.Filter):
+    """Drops the records whose message starts with ``prefix``; lets every other one through."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+_NO_CUDA_RUNTIME = "No CUDA runtime is found"
+
+
+def _quiet_cpu_torch_notices() -> None:
+    """On a machine without a CUDA device, torch logs "No CUDA runtime is found, using
+    CUDA_HOME=..." whenever a compile starts (inductor imports its C++ extension tools): nothing a
+    user of a CPU run can act on. The command drops that one message; every other record of that
+    logger, and the message itself on a machine with a device, still reach the user."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    log = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _DropMessage) for f in log.filters):
+        log.addFilter(_DropMessage(_NO_CUDA_RUNTIME))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
     ap = _parser()
     ns = ap.parse_args(argv)
+    _quiet_cpu_torch_notices()
     # simulate and generate take SIGHUP from now (before the models load; the console script
     # held it since before torch loaded) until the process exits: it is never given back, a late
     # one is logged and ignored
