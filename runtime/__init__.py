@@ -54,13 +54,6 @@ from .validation import ConfigTypeError  # configuration
 from .weights import StaleWeightsError  # draft weights
 from .worker_base import EagleDraftWorkerBase  # draft workers
 
-# Importable here for existing code and scripts, but not part of the API (see their modules).
-from .chain import ChainBuffers as ChainBuffers  # isort: skip
-from .config import max_tree_candidates as max_tree_candidates  # isort: skip
-from .organize import organize_chain_steps as organize_chain_steps  # isort: skip
-from .testing import TinyDraftModel as TinyDraftModel  # isort: skip
-from .testing import make_draft_input as make_draft_input  # isort: skip
-
 __all__ = [
     "AdaptiveStepController",
     "ConfigTypeError",

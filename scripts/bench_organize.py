@@ -21,9 +21,9 @@ from draftgraph.runtime import (
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
-    organize_chain_steps,
 )
+from draftgraph.runtime.organize import organize_chain_steps
+from draftgraph.runtime.testing import TinyDraftModel
 from scripts.benchutil import count_ops, emit, load_sglang, record, synced, target, time_interleaved
 
 BATCHES = (1, 8, 64, 256)

@@ -30,17 +30,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from draftgraph.runtime import (
-    CudaGraphConfig,
-    EagleDraftWorker,
-    PhaseGraphConfig,
-    RuntimeArgs,
-    SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
-)
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.ranks import RankCoordinator, spawn_ranks
 from draftgraph.runtime.ranks.protocol import open_store
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 from scripts.benchutil import emit, record, target
 
 MODES = (("poll", 1), ("poll", 8), ("poll", 32), ("stamp", 8))

@@ -16,14 +16,8 @@ import time
 import psutil
 import torch
 
-from draftgraph.runtime import (
-    CudaGraphConfig,
-    EagleDraftWorker,
-    PhaseGraphConfig,
-    RuntimeArgs,
-    SpeculativeConfig,
-    TinyDraftModel,
-)
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel
 from scripts.benchutil import emit, record, target
 
 POLICIES = ("swap", "release_first")

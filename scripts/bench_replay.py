@@ -26,15 +26,8 @@ from typing import Any
 
 import torch
 
-from draftgraph.runtime import (
-    CudaGraphConfig,
-    EagleDraftWorker,
-    PhaseGraphConfig,
-    RuntimeArgs,
-    SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
-)
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 from scripts.benchutil import emit, record, synced, target, time_interleaved
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

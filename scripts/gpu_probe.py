@@ -59,15 +59,8 @@ def features() -> dict[str, Any]:
 
 def measure_state(name: str, device: str, repeats: int, inner: int) -> list[dict[str, Any]]:
     """Rows for one state: capture s/bytes/peak once, then nodes and replay vs eager per b."""
-    from draftgraph.runtime import (
-        CudaGraphConfig,
-        EagleDraftWorker,
-        PhaseGraphConfig,
-        RuntimeArgs,
-        SpeculativeConfig,
-        TinyDraftModel,
-        make_draft_input,
-    )
+    from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
     s, k, n = STATES[name]
     args = RuntimeArgs(SpeculativeConfig(s, k, n), CudaGraphConfig(PhaseGraphConfig(bs=BATCHES)),

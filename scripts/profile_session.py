@@ -27,15 +27,8 @@ __all__ = ["main", "profile_run"]
 
 def _tiny_worker_step(max_bs: int) -> Callable[[int], Any]:
     """A captured chain EagleDraftWorker over TinyDraftModel; step i drafts one batch."""
-    from draftgraph.runtime import (
-        CudaGraphConfig,
-        EagleDraftWorker,
-        PhaseGraphConfig,
-        RuntimeArgs,
-        SpeculativeConfig,
-        TinyDraftModel,
-        make_draft_input,
-    )
+    from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)),

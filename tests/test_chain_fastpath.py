@@ -9,15 +9,15 @@ from hypothesis import strategies as st
 
 from conftest import assert_same
 from draftgraph.runtime import (
-    ChainBuffers,
     CudaGraphConfig,
     DraftInput,
     MultiLayerEagleDraftWorker,
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    organize_chain_steps,
 )
+from draftgraph.runtime.chain import ChainBuffers
+from draftgraph.runtime.organize import organize_chain_steps
 
 CAPACITY = 12
 

@@ -27,12 +27,11 @@ from draftgraph.runtime import (
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
     install_reload_signal,
-    make_draft_input,
 )
 from draftgraph.runtime.ranks.coordinator import ProposalRejected, RankCoordinator, RankMismatchError
 from draftgraph.runtime.ranks.launch import RankLaunchError, spawn_ranks
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 WORLD = 3
 POLL = 4

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftgraph.runtime import DraftInput, EagleDraftWorker, RuntimeArgs, SpeculativeConfig, TinyDraftModel
+from draftgraph.runtime import DraftInput, EagleDraftWorker, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel
 
 
 def _worker(monkeypatch, debug: str) -> EagleDraftWorker:

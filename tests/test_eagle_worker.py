@@ -14,10 +14,9 @@ from draftgraph.runtime import (
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
-    max_tree_candidates,
 )
+from draftgraph.runtime.config import max_tree_candidates
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
 CAPACITY = 8

@@ -25,8 +25,6 @@ from draftgraph.runtime import (  # noqa: E402
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
 )
 from draftgraph.runtime.metrics import (  # noqa: E402
     register_coordinator_metrics,
@@ -34,6 +32,7 @@ from draftgraph.runtime.metrics import (  # noqa: E402
     register_worker_metrics,
 )
 from draftgraph.runtime.ranks.coordinator import CoordinatorStats  # noqa: E402
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)

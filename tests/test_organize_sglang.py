@@ -7,14 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import assert_same, draft_loop, tree_lists
-from draftgraph.runtime import (
-    TinyDraftModel,
-    fast_topk,
-    max_tree_candidates,
-    organize_chain_steps,
-    organize_draft_results,
-    select_top_k_tokens,
-)
+from draftgraph.runtime import fast_topk, organize_draft_results, select_top_k_tokens
+from draftgraph.runtime.config import max_tree_candidates
+from draftgraph.runtime.organize import organize_chain_steps
+from draftgraph.runtime.testing import TinyDraftModel
 
 MODEL = TinyDraftModel(vocab_size=48, hidden_size=16, seed=3)
 

@@ -19,7 +19,7 @@ def test_import_runtime_loads_neither_models_nor_engine():
     code = (
         "import json, sys\n"
         "import draftgraph.runtime\n"
-        "from draftgraph.runtime import TinyDraftModel, make_draft_input\n"
+        "from draftgraph.runtime.testing import TinyDraftModel, make_draft_input\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(\n"
         "    ('draftgraph.runtime.models', 'draftgraph.runtime.engine')))))\n"
     )
@@ -29,12 +29,20 @@ def test_import_runtime_loads_neither_models_nor_engine():
 
 
 def test_test_helpers_live_in_the_component_and_stay_importable():
-    import draftgraph.runtime as rt
     from draftgraph.runtime import models, testing
 
-    assert rt.TinyDraftModel is testing.TinyDraftModel is models.TinyDraftModel
-    assert rt.make_draft_input is testing.make_draft_input is models.make_draft_input
-    assert "TinyDraftModel" not in rt.__all__ and "make_draft_input" not in rt.__all__
+    assert testing.TinyDraftModel is models.TinyDraftModel
+    assert testing.make_draft_input is models.make_draft_input
+
+
+def test_no_hidden_re_exports():
+    """The package exports its API (`__all__`) and its subpackages; the five names it once
+    re-exported without listing them live in their own modules only (issue 29)."""
+    import draftgraph.runtime as rt
+
+    for name in ("ChainBuffers", "max_tree_candidates", "organize_chain_steps", "TinyDraftModel",
+                 "make_draft_input"):
+        assert not hasattr(rt, name), name
 
 
 def test_runtime_all_is_sorted_unique_and_resolves():
@@ -64,16 +72,12 @@ def test_star_import_gives_exactly_all():
     assert sorted(k for k in namespace if k != "__builtins__") == rt.__all__
 
 
-def test_documented_import_paths_keep_working():
-    from draftgraph.runtime import ranks, sglang
-    from draftgraph.runtime.distributed import RankCoordinator
-    from draftgraph.runtime.rank_launch import RankLaunchError, spawn_ranks
-    from draftgraph.runtime.sglang_adapter import install_chain_buffers, runtime_args_from_sglang
+def test_no_re_export_modules():
+    """One import path per name: the earlier re-export modules are gone (issue 29)."""
+    import importlib.util
 
-    assert RankCoordinator is ranks.coordinator.RankCoordinator
-    assert spawn_ranks is ranks.launch.spawn_ranks and RankLaunchError is ranks.launch.RankLaunchError
-    assert install_chain_buffers is sglang.adapter.install_chain_buffers
-    assert runtime_args_from_sglang is sglang.config.runtime_args_from_sglang
+    for name in ("distributed", "rank_launch", "sglang_adapter"):
+        assert importlib.util.find_spec(f"draftgraph.runtime.{name}") is None, name
 
 
 def test_one_runtime_args_from_sglang_and_no_import_circle():

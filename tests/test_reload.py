@@ -22,11 +22,10 @@ from draftgraph.runtime import (
     ReloadError,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
     install_reload_signal,
     load_runtime_args,
-    make_draft_input,
 )
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
 

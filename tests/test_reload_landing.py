@@ -21,11 +21,10 @@ from draftgraph.runtime import (
     ReloadError,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
     install_reload_signal,
-    make_draft_input,
 )
 from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 
 def _args(spec: SpeculativeConfig, max_bs: int = 4, running: int = 6) -> RuntimeArgs:

@@ -190,7 +190,7 @@ def test_chain_rule_holds_under_python_O(tmp_path):
     # a duck-typed worker (no SGLang import: seconds saved); the check must not be an assert
     script = textwrap.dedent("""
         import types
-        from draftgraph.runtime.sglang_adapter import install_chain_buffers
+        from draftgraph.runtime.sglang.adapter import install_chain_buffers
         class W:
             topk, speculative_num_steps, speculative_num_draft_tokens, device = 1, 3, 4, "cpu"
             server_args = types.SimpleNamespace(cuda_graph_config={"decode": {"max_bs": 4}},

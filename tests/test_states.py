@@ -14,9 +14,8 @@ from draftgraph.runtime import (
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
 )
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
 SIZES = (1, 2, 4, 8)

@@ -8,14 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draft_loop, tree_lists
-from draftgraph.runtime import (
-    TinyDraftModel,
-    fast_topk,
-    max_tree_candidates,
-    organize_draft_results,
-    select_top_k_tokens,
-)
 from draftgraph.runtime import build_tree as build
+from draftgraph.runtime import fast_topk, organize_draft_results, select_top_k_tokens
+from draftgraph.runtime.config import max_tree_candidates
+from draftgraph.runtime.testing import TinyDraftModel
 
 MODEL = TinyDraftModel(vocab_size=40, hidden_size=12, seed=5)
 

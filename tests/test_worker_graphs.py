@@ -9,15 +9,8 @@ from hypothesis import strategies as st
 
 from conftest import assert_same
 from draftgraph.graphs import GraphCaptureManager, record_spans
-from draftgraph.runtime import (
-    CudaGraphConfig,
-    EagleDraftWorker,
-    PhaseGraphConfig,
-    RuntimeArgs,
-    SpeculativeConfig,
-    TinyDraftModel,
-    make_draft_input,
-)
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
 SIZES = (1, 2, 4, 8, 12)
