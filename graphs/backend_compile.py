@@ -72,7 +72,7 @@ def prepare_background_compile() -> None:
     try:
         from torch._inductor.loop_body import InterpreterShim
 
-        InterpreterShim._dummy_gm()
+        InterpreterShim._dummy_gm()  # noqa: SLF001  # torch's own warm-up hook (see above)
     except Exception as exc:  # another torch: nothing to prepare, or it cannot be
         logger.debug("compile backend: no inductor helper graph to prepare (%s)", exc)
 

@@ -49,8 +49,8 @@ _DATA_DEPENDENT_OPS = frozenset(
 
 def _qualified(target: object) -> str | None:
     """``aten::name`` of an OpOverload target, None for anything else (operator.getitem, ...)."""
-    if isinstance(target, torch._ops.OpOverload):
-        return target.overloadpacket._qualified_op_name
+    if isinstance(target, torch._ops.OpOverload):  # noqa: SLF001  # torch's operator type
+        return target.overloadpacket._qualified_op_name  # noqa: SLF001  # its aten:: name
     return None
 
 

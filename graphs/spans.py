@@ -53,7 +53,7 @@ _NULL_SPAN = contextlib.nullcontext()
 
 def _profiler_flag() -> Any:
     """Cheapest available "is a torch profiler running" check."""
-    flag = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    flag = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)  # noqa: SLF001  # torch's C API
     if callable(flag):
         return flag
     return lambda: bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))

@@ -171,7 +171,7 @@ class LoadPlan:
             ((b, *t.shape[1:]), t.dtype, t.device) for t in map(static.tensors.__getitem__, static.names)
         )
         self._n = len(static.names)
-        self._get = static._get
+        self._get = _tuple_getter(static.names)
 
     def match(self, inputs: object) -> tuple[Tensor, ...] | None:
         """The batch's tensors in name order if it passes every check exactly, else None."""

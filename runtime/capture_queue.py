@@ -233,6 +233,12 @@ class CaptureQueue:
         well: a capture thread must not be cut off while torch tears down."""
         return self._stop(timeout_s, log_cancelled=True)
 
+    def stop_at_exit(self) -> None:
+        """`stop` at interpreter exit: a unit in progress may finish (60 s at most), unless a
+        stop already gave up on the thread (no second wait); units left are not logged."""
+        if not self._abandoned:
+            self._stop(60.0, log_cancelled=False)
+
     def _stop(self, timeout_s: float | None, log_cancelled: bool) -> bool:
         with self._lock:
             first = not self._stopped
@@ -327,5 +333,5 @@ def _short_gil_turns() -> Iterator[None]:
 def _stop_at_exit(ref: weakref.ref[CaptureQueue]) -> None:
     """At interpreter exit: let a running unit finish (bounded) and start no other."""
     queue = ref()
-    if queue is not None and not queue._abandoned:  # a thread stop already gave up on: no wait
-        queue._stop(60.0, log_cancelled=False)  # units left at exit are no news
+    if queue is not None:
+        queue.stop_at_exit()

@@ -219,11 +219,12 @@ def _selector(index: tuple[int, ...] | None, device: torch.device) -> Selector |
 def static_layout_of(parent_list: torch.Tensor, top_scores_index: torch.Tensor
                      ) -> VerifyConstants | None:
     """The verify constants when both tensors are (views of) one topology's organize outputs."""
-    base = top_scores_index._base
+    # torch's view base carries the tag (issue 29: the layout should travel as a value instead)
+    base = top_scores_index._base  # noqa: SLF001
     found = getattr(top_scores_index if base is None else base, LAYOUT_TAG, None)
     if found is None:
         return None
-    base = parent_list._base
+    base = parent_list._base  # noqa: SLF001
     return found if getattr(parent_list if base is None else base, LAYOUT_TAG, None) is found else None
 
 

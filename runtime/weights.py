@@ -59,7 +59,7 @@ class StorageGuard:
         entries = []
         if isinstance(module, torch.nn.Module):
             for prefix, mod in module.named_modules():
-                for table in (mod._parameters, mod._buffers):
+                for table in (mod._parameters, mod._buffers):  # noqa: SLF001  # torch's own tables
                     for key, t in table.items():
                         if t is not None:
                             name = f"{prefix}.{key}" if prefix else key

@@ -170,3 +170,19 @@ def test_runtime_imports_without_tomllib():
     done = _python("import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
                    "import draftgraph.runtime\n")
     assert done.returncode == 0, done.stderr
+
+
+def test_lint_is_clean_and_no_module_reads_another_ones_privates():
+    """`make lint` as a test (ruff, pinned in requirements.txt): the whole tree is clean, and
+    runtime/ and graphs/ touch no private attribute of another object (SLF001; the few reads
+    of torch's or SGLang's own privates carry a noqa with the reason)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run([sys.executable, "-m", "ruff", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("ruff is not installed (pip install -r requirements.txt)")
+    for argv in (["check", "runtime", "graphs", "tests", "scripts"],
+                 ["check", "--select", "SLF001", "runtime", "graphs"]):
+        done = subprocess.run([sys.executable, "-m", "ruff", *argv], cwd=root, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"ruff {' '.join(argv)}:\n{done.stdout[-3000:]}{done.stderr[-1000:]}"

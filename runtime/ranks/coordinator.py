@@ -139,7 +139,7 @@ class RankCoordinator:
         self.world_size = dist.get_world_size(group)
         if self.rank < 0:
             raise ValueError(f"group={group!r}: this process (global rank {dist.get_rank()}) is not in it")
-        base = store if store is not None else dist.distributed_c10d._get_default_store()
+        base = store if store is not None else dist.distributed_c10d._get_default_store()  # noqa: SLF001  # no public getter
         tag = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
         instance = base.add(f"draftgraph/{name}/{tag}/count/{self.rank}", 1)
         self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{instance}/", self.rank,

@@ -151,8 +151,9 @@ class SGLangChainHandle:
         capacity = sglang_chain_capacity(self._config_source())
         with span("rebuild", num_steps=s, capacity=capacity):
             buf = self._buffers_for(s, capacity, w.device)
-            w._topk1_parents_prealloc = buf.parents
-            w._topk1_score_indices_prealloc = buf.score_indices
+            # SGLang's own buffer attributes: installing ours there is this adapter's job
+            w._topk1_parents_prealloc = buf.parents  # noqa: SLF001
+            w._topk1_score_indices_prealloc = buf.score_indices  # noqa: SLF001
             self.active = buf
             self.counters.rebuilds += 1
 
@@ -213,7 +214,7 @@ class SGLangChainHandle:
             return views[0], views[1], topk_index
         self.counters.tree_path_calls += 1
         with span("organize_tree", bs=b, num_steps=s):
-            return w._draft_forward_organize(topk_p, topk_index, spec_info.hidden_states)
+            return w._draft_forward_organize(topk_p, topk_index, spec_info.hidden_states)  # noqa: SLF001  # SGLang's
 
 
 def _is_multi_layer(worker: Any) -> bool:
