@@ -32,7 +32,6 @@ _COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "
 _MAPS = ("accepted_per_pos", "batch_sizes", "stage_s")
 
 
-
 @dataclass
 class EngineStats:
     """What the decode loop did: steps, tokens, acceptance, stage seconds (totals for the life
