@@ -320,12 +320,3 @@ def register_coordinator_metrics(coordinator: Any, registry: CollectorRegistry |
     them when a coordinator is attached)."""
     return register_source(coordinator, lambda out, lb: read_coordinator(coordinator, out, lb), registry,
                            labels)
-
-
-def __getattr__(name: str) -> Any:
-    """`register_engine_metrics` lives with the engine (runtime never imports the engine at load)."""
-    if name == "register_engine_metrics":
-        import importlib
-
-        return importlib.import_module("draftgraph.runtime.engine.metrics").register_engine_metrics
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

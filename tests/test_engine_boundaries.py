@@ -8,6 +8,7 @@ from engine_support import models
 
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.engine.slot_state import StepBatch
 from draftgraph.runtime.models import greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
 
@@ -46,8 +47,9 @@ def test_pad_rows_never_touch_live_kv():
     before = [[t[r.slot].clone() for t in (*draft_cache.k, *draft_cache.v, *engine.cache.k, *engine.cache.v)]
               for r in reqs]
     replays = engine.worker.counters.graph_replays
+    batch = StepBatch.gather(engine.slot_state, [r.slot for r in reqs], [r.seq_len for r in reqs])
     for _ in range(3):
-        engine.drafter.draft(reqs)
+        engine.drafter.draft(engine.slot_state, batch)
     assert engine.worker.counters.graph_replays == replays + 3
     assert engine.worker.state.stats.pad_rows >= 3
     after = [[t[r.slot] for t in (*draft_cache.k, *draft_cache.v, *engine.cache.k, *engine.cache.v)]

@@ -161,7 +161,7 @@ class _EndHook(dict):
 def test_abort_of_a_request_ending_at_that_moment_reports_already_finished():
     engine = _engine()
     ids = [engine.add_request(list(p)[:10], 3) for p in prompts()[:4]]
-    hook = engine._live = _EndHook(engine, engine._live)  # noqa: SLF001 (the moment a request ends)
+    hook = engine.requests._live = _EndHook(engine, engine.requests._live)  # noqa: SLF001 (the moment a request ends)
     while engine.has_work():
         engine.step()
     for t in hook.threads:

@@ -260,7 +260,7 @@ def test_engine_and_its_worker_are_one_registration():
     from engine_support import models
 
     from draftgraph.runtime.engine import SpecDecodeEngine
-    from draftgraph.runtime.metrics import register_engine_metrics  # the lazy re-export
+    from draftgraph.runtime.engine.metrics import register_engine_metrics
 
     target, head = models("eagle")
     engine = SpecDecodeEngine(args_for(2), target, head, backend="eager", capture="blocking")

@@ -122,7 +122,7 @@ def test_a_band_state_captures_only_its_sizes_and_zero_captures_nothing():
     sch = engine.stats()["schedule"]
     # max_bs=8 captures every size 1..8: band 1-2 reaches 1 and 2, band 3-5 reaches 3, 4 and 5
     assert [b["capture_sizes"] for b in sch["bands"]] == [[1, 2], [3, 4, 5], []]
-    states = engine.scheduler.states()
+    states = engine.policy.states()
     assert sorted(tuple(s.capture_sizes) for s in states) == [(1, 2), (3, 4, 5)]
     assert all(s.graphs is not None for s in states)
     assert engine.worker.state.graphs is None  # the args' own state captures nothing beside them
@@ -154,7 +154,7 @@ def test_a_reload_under_a_schedule_captures_only_band_states(capture):
     record = engine.worker.reload_history[-1]
     assert record["ok"] and record["capture_s"] == 0.0 and record["capture_bytes"] == 0  # no full grid
     assert engine.worker.wait_graphs(120)
-    states = engine.scheduler.states()
+    states = engine.policy.states()
     assert sorted(tuple(s.capture_sizes) for s in states) == [(1, 2), (3, 4, 5, 6, 7, 8)]
     assert all(s.graphs is not None for s in states)
     while engine.has_work():

@@ -28,9 +28,9 @@ def _rank(rank: int, world: int) -> dict:
     ids = [engine.add_request(p, MAX_NEW) for p in prompts]
     served, local = [], []
     for _ in range(STEPS):  # every rank steps as often: the coordinator's polls are collectives
-        local.append(engine.scheduler.schedule.band_index(len(engine.running) or len(prompts)))
+        local.append(engine.policy.schedule.band_index(len(engine.running) or len(prompts)))
         engine.step()
-        served.append((engine.scheduler.band, engine.scheduler.s, engine.worker.spec.num_steps))
+        served.append((engine.policy.band, engine.policy.s, engine.worker.spec.num_steps))
     while engine.has_work():  # finish alone: no collective is needed once no poll is due...
         engine.coordinator = None  # ...so the rest runs without the coordinator
         engine.step()
@@ -77,7 +77,7 @@ def _rank_reload(rank: int, world: int) -> dict:
         except Exception as exc:  # noqa: BLE001 - the test reports it
             errors.append(f"step {step}: {type(exc).__name__}: {exc}")
             break
-        served.append((engine.scheduler.schedule.text(), engine.scheduler.band, engine.scheduler.s))
+        served.append((engine.policy.schedule.text(), engine.policy.band, engine.policy.s))
     engine.coordinator = None
     while not errors and engine.has_work():
         engine.step()

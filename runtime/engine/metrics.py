@@ -28,11 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
-    """The engine's counters, stage seconds and start-up figures, then its worker's and its
-    coordinator's."""
+    """The engine's counters, stage seconds and start-up figures (its report's snapshot), then
+    its worker's and its coordinator's."""
     # totals for the life of the engine, one snapshot under the stats' lock: a whole step or
     # none of it, and never lower than the last scrape (reset_stats only moves stats()'s mark)
-    st = engine._stats.snapshot()  # noqa: SLF001 (the engine's own package; stats() copies far more)
+    st = engine.report.snapshot()
     add = out.add
     drafts, accepted = st["drafts"], st["accepted"]
     add("draftgraph_spec_decode_drafts", labels, drafts)
@@ -41,7 +41,7 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     per_pos = st["accepted_per_pos"]
     for pos in sorted(per_pos):
         add("draftgraph_spec_decode_accepted_tokens_per_pos", {**labels, "position": str(pos)}, per_pos[pos])
-    add("draftgraph_spec_decode_mean_acceptance_length", labels, 1.0 + accepted / drafts if drafts else 0.0)
+    add("draftgraph_spec_decode_mean_acceptance_length", labels, st["accept_length_mean"])
     add("draftgraph_engine_steps", labels, st["verify_steps"])
     add("draftgraph_tokens_generated", labels, st["tokens_generated"])
     add("draftgraph_requests_finished", labels, st["requests_finished"])
@@ -49,35 +49,23 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_requests_failed", labels, st["requests_failed"])
     for stage, seconds in st["stage_s"].items():
         add("draftgraph_stage_seconds", {**labels, "stage": stage}, seconds)
-    add("draftgraph_startup_seconds", labels, engine.startup_s)
-    weights = engine._weights  # noqa: SLF001
-    add("draftgraph_draft_weights_version", labels, weights.version)
-    add("draftgraph_draft_weights_updated_timestamp_seconds", labels, weights.updated_at or 0.0)
-    watch = engine._acceptance  # noqa: SLF001
-    if watch is not None:
-        add("draftgraph_acceptance_low", labels, 1 if watch.low else 0)
-    ready = _graphs_ready_s(engine)
-    if ready is not None:
-        add("draftgraph_graphs_ready_seconds", labels, ready)
+    add("draftgraph_startup_seconds", labels, st["startup_s"])
+    add("draftgraph_draft_weights_version", labels, st["draft_weights_version"])
+    add("draftgraph_draft_weights_updated_timestamp_seconds", labels, st["draft_weights_updated_at"] or 0.0)
+    if st["acceptance_low"] is not None:
+        add("draftgraph_acceptance_low", labels, 1 if st["acceptance_low"] else 0)
+    if st["graphs_ready_s"] is not None:
+        add("draftgraph_graphs_ready_seconds", labels, st["graphs_ready_s"])
     read_worker(engine.worker, out, labels)
     if engine.coordinator is not None:
         read_coordinator(engine.coordinator, out, labels)
-
-
-def _graphs_ready_s(engine: Any) -> float | None:
-    """`SpecDecodeEngine.startup`'s ``graphs_ready_s`` without its per-state summary."""
-    if engine.backend == "eager":
-        return 0.0
-    queue = engine.worker.capture_queue
-    idle = queue.idle_since if queue.pending() == 0 else None
-    return None if idle is None else max(0.0, idle - engine._t0)  # noqa: SLF001
 
 
 def register_engine_metrics(engine: Any, registry: CollectorRegistry | None = None,
                             labels: Mapping[str, str] | None = None) -> MetricsHandle:
     """Export ``engine``'s figures, its worker's and (when attached) its rank coordinator's.
     The worker must not be registered on its own in the same registry as well."""
-    if not hasattr(engine, "_stats") or not hasattr(engine, "worker"):
+    if not hasattr(engine, "report") or not hasattr(engine, "worker"):
         raise TypeError(f"engine={type(engine).__name__}: must be a SpecDecodeEngine")
     return register_source(engine, lambda out, lb: read_engine(engine, out, lb), registry, labels,
                            also=(engine.worker,))

@@ -3,7 +3,7 @@
 Per band with speculation on, one state per candidate S, each capturing only the batch sizes its
 band can reach (`band_capture_sizes`), and an `AdaptiveStepController` over those states that
 picks among the band's candidates from the acceptance it observes in that band. A band at S=0
-has no state: its steps are plain target decodes (the engine's `_step` builds a one-node tree),
+has no state: its steps are plain target decodes (the engine's step builds a one-node tree),
 and the drafter still extends over every committed token, so speculation resumes where it left.
 
 Under a `RankCoordinator` the (band, S) pair is the coordinator's shared choice (the leader's
@@ -115,7 +115,7 @@ class BandScheduler:
         ctrl = self.controllers[band]
         return band, (ctrl.choose() if ctrl is not None else 0)
 
-    def begin_step(self, batch_size: int) -> int:
+    def begin(self, batch_size: int) -> int:
         """Take this step's band and S (0: speculation off) and make its state active."""
         band, s = self._local(batch_size)
         if self.coordinator is not None:
@@ -158,11 +158,11 @@ class BandScheduler:
         ctrl = self.controllers[band]
         return s == 0 if ctrl is None else s in ctrl.states
 
-    def observe(self, accepted_tokens: float) -> None:
+    def observe(self, accepted: float) -> None:
         """Feed the band served this step its acceptance (accepted draft tokens per request)."""
         ctrl = self.controllers[self.band] if self.band is not None else None
         if ctrl is not None and self.s > 0:
-            ctrl.observe(accepted_tokens)
+            ctrl.observe(accepted)
 
     def states(self) -> list[Any]:
         """Every band state (for the start-up figures)."""
@@ -175,6 +175,11 @@ class BandScheduler:
                 c.release()
 
     def as_dict(self) -> dict[str, Any]:
+        """``steps_per_state`` and ``schedule``: steps served per band, band switches (and per
+        100 steps), steps per (band, S)."""
+        return {"steps_per_state": {}, "schedule": self.describe()}
+
+    def describe(self) -> dict[str, Any]:
         """Steps served per band, band switches (and per 100 steps), steps per (band, S)."""
         return {
             "schedule": self.schedule.text(), "hysteresis": self.schedule.hysteresis,

@@ -20,12 +20,20 @@ from typing import Any
 
 from draftgraph.graphs.spans import span
 
-__all__ = ["EngineStats", "STAGES"]
+__all__ = ["EngineStats", "STAGES", "accept_length"]
 
 RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
 """The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
 profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
+
+def accept_length(accepted: int | float, drafts: int) -> float:
+    """The engine's one acceptance length: tokens committed per request per verify step that
+    drafted, the bonus included (1 + accepted draft tokens / drafts; vLLM's definition). Steps
+    without speculation (a schedule's S=0 band) draft nothing and are not counted. 0.0 before
+    any draft. Used by `stats()`, the CLI, the metrics and the acceptance watch."""
+    return 1.0 + accepted / drafts if drafts else 0.0
+
 
 _COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "draft_tokens", "accepted",
            "tokens_generated", "requests_finished", "requests_aborted", "requests_failed")
@@ -118,7 +126,7 @@ class EngineStats:
                 old = base[k]
                 d[k] = {key: v - old.get(key, 0) for key, v in d[k].items()
                         if k == "stage_s" or v != old.get(key, 0)}
-        d["accept_length_mean"] = d["committed"] / d["request_verifies"] if d["request_verifies"] else 0.0
+        d["accept_length_mean"] = accept_length(d["accepted"], d["drafts"])
         return d
 
     def mark(self) -> None:

@@ -1,9 +1,11 @@
-"""Tree verify and greedy acceptance.
+"""Tree verify, greedy acceptance and the K/V commit, on the device.
 
 The target runs once over every request's N tree tokens. Node i's K/V is written at cache
 position seq_len + i (not seq_len + depth: siblings share a depth); the mask lets node i see the
-committed prefix and its own ancestors. After acceptance the accepted nodes' K/V move to
-consecutive positions (the commit), so the cache again holds exactly the committed tokens.
+committed prefix and its own ancestors. Acceptance walks every request's tree at once, one depth
+per round, with tensors; the host reads its result once (`Acceptance`). The commit then moves
+the accepted nodes' K/V to consecutive positions, so the cache again holds exactly the
+committed tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from draftgraph.runtime import VerifyTree
 
-__all__ = ["Acceptance", "verify_mask", "accept_greedy"]
+__all__ = ["Acceptance", "accept", "commit_kv", "root_only_tree", "verify_mask"]
 
 
 def verify_mask(tree: VerifyTree, seq_lens: torch.Tensor, lk: int) -> torch.Tensor:
@@ -27,38 +29,76 @@ def verify_mask(tree: VerifyTree, seq_lens: torch.Tensor, lk: int) -> torch.Tens
     return tree_part | (rel < 0).unsqueeze(1)
 
 
+def root_only_tree(bonus: torch.Tensor, lens: torch.Tensor) -> VerifyTree:
+    """The verify tree of a step without speculation: each request's bonus token alone (N=1)."""
+    b = bonus.shape[0]
+    none = torch.full((b, 1), -1, dtype=torch.long, device=bonus.device)
+    return VerifyTree(tokens=bonus.clone(), positions=lens.clone(), parents=none,
+                      tree_mask=torch.ones(b, 1, 1, dtype=torch.bool, device=bonus.device),
+                      retrieve_index=torch.arange(b, device=bonus.device)[:, None],
+                      retrieve_next_token=none, retrieve_next_sibling=none)
+
+
 @dataclass(frozen=True)
 class Acceptance:
-    """Per request: accepted node indices (root first) and the tokens they commit (accepted
-    drafts, then the bonus)."""
+    """One verify step's acceptance, on the device and as the host read it (once).
 
+    Device: ``path`` [b, D+1] accepted node indices (root first; entries past ``length`` are 0),
+    ``length`` [b] accepted nodes (root included, so 1..D+1), ``tokens`` [b, D+1] the tokens they
+    commit (accepted drafts, then the bonus: the target's argmax at each accepted node).
+    Host: ``paths`` / ``committed`` the same, cut at each request's length."""
+
+    path: torch.Tensor
+    length: torch.Tensor
+    tokens: torch.Tensor
     paths: list[list[int]]
-    tokens: list[list[int]]
+    committed: list[list[int]]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(p) for p in self.paths]
 
 
-def accept_greedy(tree: VerifyTree, target_argmax: torch.Tensor) -> Acceptance:
-    """Walk from the root: at each node take the target's argmax, move to the child (first child,
-    then its next siblings) holding that token, stop when none does; the last argmax is the bonus.
+def accept(tree: VerifyTree, target_argmax: torch.Tensor, depth: int) -> Acceptance:
+    """Greedy acceptance of every request at once: from the root, take the target's argmax at
+    the current node and move to the child holding that token (the smallest node index among
+    them: the first child, then its next siblings), stop when none does; the last argmax is the
+    bonus. ``depth``: the deepest node (S; 0 for a root-only tree). target_argmax [b, N].
 
-    target_argmax [b, N]: the target's greedy token after each node."""
+    One host read (the `Acceptance`'s lists); everything before it runs on the device."""
     b, n = tree.parents.shape
-    pred = target_argmax.tolist()
-    toks = tree.tokens.view(b, n).tolist()
-    first = tree.retrieve_next_token.tolist()
-    sib = tree.retrieve_next_sibling.tolist()
-    paths, out = [], []
-    for i in range(b):
-        node, path = 0, [0]
-        p, t, f, s = pred[i], toks[i], first[i], sib[i]
-        while True:
-            want = p[node]
-            c = f[node]
-            while c != -1 and t[c] != want:
-                c = s[c]
-            if c == -1:
-                break
-            path.append(c)
-            node = c
-        paths.append(path)
-        out.append([t[c] for c in path[1:]] + [p[node]])
-    return Acceptance(paths, out)
+    toks = tree.tokens.view(b, n)
+    parents = tree.parents
+    node = torch.zeros(b, dtype=torch.long, device=toks.device)
+    alive = torch.ones(b, dtype=torch.bool, device=toks.device)
+    cols = [node]
+    for _ in range(depth):
+        want = target_argmax.gather(1, node[:, None])  # [b, 1]
+        match = (parents == node[:, None]) & (toks == want)  # children of node holding want
+        found = match.any(1) & alive
+        node = torch.where(found, match.to(torch.uint8).argmax(1), node)  # the first match
+        alive = found
+        cols.append(torch.where(found, node, 0))
+    path = torch.stack(cols, 1)  # [b, D+1]
+    length = 1 + (path[:, 1:] != 0).sum(1) if depth else torch.ones(b, dtype=torch.long, device=toks.device)
+    tokens = target_argmax.gather(1, path)
+    host = torch.cat([length[:, None], path, tokens], 1).tolist()  # the step's one host read
+    w = depth + 1
+    paths = [row[1:1 + row[0]] for row in host]
+    committed = [row[1 + w:1 + w + row[0]] for row in host]
+    return Acceptance(path, length, tokens, paths, committed)
+
+
+def commit_kv(cache: object, slots: torch.Tensor, lens: torch.Tensor, acc: Acceptance) -> None:
+    """Move the accepted nodes' K/V to consecutive positions (seq_len + depth) in every layer of
+    ``cache`` (a `KVCache`); rows that do not move write the dummy slot 0. Nothing runs when no
+    accepted node is out of place (always so for a chain)."""
+    if all(p == list(range(len(p))) for p in acc.paths):
+        return
+    d = acc.path.shape[1]
+    depth = torch.arange(d, device=slots.device)[None]
+    move = (depth < acc.length[:, None]) & (acc.path != depth)
+    wslot = torch.where(move, slots[:, None], 0)
+    src = lens[:, None] + acc.path
+    dst = lens[:, None] + depth.expand_as(src)
+    cache.move(wslot.flatten(), torch.where(move, src, 0).flatten(), torch.where(move, dst, 0).flatten())

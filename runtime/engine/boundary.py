@@ -1,0 +1,203 @@
+"""The step boundary: everything that changes what the engine serves happens here, between steps.
+
+Draft weights (copied in place), reloads (requested by the engine, by its worker's own
+`request_reload` or a signal handler; proposed to every rank under a coordinator), a reload
+prepared under background capture (swapped in once its graphs are ready, or dropped when one
+failed), step-boundary capture units (CUDA), the coordinator's per-step poll, and the step policy
+rebuilt for whatever the worker serves after a reload (DESIGN.md §14: one boundary for every
+change). A reload that fails leaves the previous state serving and is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from draftgraph.graphs.spans import span
+from draftgraph.runtime import ReloadError, RuntimeArgs
+from draftgraph.runtime.reload import PreparedReload
+from draftgraph.runtime.schedule import SpeculationSchedule
+
+from .policy import StepPolicy, build_policy
+from .stats import EngineStats
+
+__all__ = ["StepBoundary", "CUDA_CAPTURE_BUDGET_S"]
+
+logger = logging.getLogger(__name__)
+
+CUDA_CAPTURE_BUDGET_S = 0.05  # step-boundary capture time per step (CUDA units)
+
+
+class StepBoundary:
+    """Reloads, weights, capture units and the coordinator of one engine's ``worker``.
+
+    ``args`` is what the engine serves now (it follows the worker after every reload);
+    ``policy`` the step policy for it; ``on_weights`` is called after an applied weights update
+    (the drafter resets its carried state)."""
+
+    def __init__(self, worker: Any, weights: Any, stats: EngineStats, args: RuntimeArgs,
+                 schedule: SpeculationSchedule | None, adaptive_steps: tuple[int, ...], backend: str,
+                 background: bool, on_weights: Callable[[], None]) -> None:
+        self.worker = worker
+        self.weights = weights
+        self.stats = stats
+        self.args = args
+        self.schedule = schedule
+        self.adaptive_steps = adaptive_steps
+        self.backend = backend
+        self.background = background
+        self.on_weights = on_weights
+        self.coordinator: Any = None
+        self.served: list[int] = []  # generation served at every step (with a coordinator)
+        self.prepared: PreparedReload | None = None  # a reload waiting for its graphs
+        self._generation_seen = worker.generation
+        self.policy: StepPolicy = self._new_policy()
+
+    def attach_coordinator(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.policy.release()
+        self.policy = self._new_policy()
+
+    def scheduled(self, args: RuntimeArgs) -> bool:
+        """True when a schedule will serve ``args`` (its band states capture; the args' own
+        state needs no graphs)."""
+        return args.schedule is not None or self.schedule is not None
+
+    def _new_policy(self) -> StepPolicy:
+        if self.args.schedule is not None:
+            self.schedule = self.args.schedule
+        return build_policy(self.worker, self.args, self.schedule, self.adaptive_steps, self.backend,
+                            self.background, self.coordinator)
+
+    def _renew_policy(self) -> None:
+        self.policy.release()
+        self.policy = self._new_policy()
+
+    def states(self) -> list[Any]:
+        """The active state, the policy's and a reload being prepared (no repeats)."""
+        found = [self.worker.state, *self.policy.states()]
+        if self.prepared is not None:
+            found.append(self.prepared.state)
+        out: list[Any] = []
+        for s in found:
+            if all(s is not o for o in out):
+                out.append(s)
+        return out
+
+    # ---- at the boundary -----------------------------------------------------------------------
+    def run(self) -> None:
+        """Between steps: draft weights, reloads (requested, prepared, coordinated), step-boundary
+        capture, and the engine following whatever its worker now serves."""
+        if self.weights.pending:
+            with self.worker.slot.lock, span("update_draft_weights"):
+                if self.weights.apply_pending():
+                    self.on_weights()
+        self._take_reload()
+        if self.prepared is not None:
+            with span("commit_reload") if self.prepared.ready else contextlib.nullcontext():
+                self._commit_prepared()
+        queue = self.worker.capture_queue
+        if self.background and not queue.threaded and queue.pending():
+            self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
+        if self.coordinator is not None:
+            self.served.append(self.coordinator.step())
+        if self.worker.generation != self._generation_seen:  # reloaded outside _apply
+            self._generation_seen = self.worker.generation
+            self.args = self.worker.args
+            self._renew_policy()
+
+    def request_reload(self, new_args: RuntimeArgs, policy: str) -> None:
+        """Checked by the caller; applied at the next boundary (or proposed to every rank)."""
+        if self.coordinator is not None:
+            self.coordinator.propose_reload(new_args, policy)
+            return
+        self.worker.request_reload(new_args, policy)
+
+    def _take_reload(self) -> None:
+        pending = self.worker.take_reload_request()
+        if pending is None:
+            return
+        if self.coordinator is None:
+            with span("apply_reload"):
+                self._apply(*pending)
+            return
+        log = self.worker.reload_log
+        try:
+            self.coordinator.propose_reload(*pending)
+        except Exception as exc:  # another proposal in flight: this one is not applied
+            log.record(pending[1], time.perf_counter(), ok=False, error=repr(exc))
+            self._rejected(exc)
+        else:
+            log.requested -= 1  # the coordinator's prepare counts it again, on every rank
+
+    def _apply(self, new_args: RuntimeArgs, policy: str) -> None:
+        if self.background:
+            self._prepare(new_args, policy)
+            return
+        self.policy.release()
+        try:
+            prepared = self.worker.prepare_reload(new_args, policy, requested=True,
+                                                  graphs=not self.scheduled(new_args))
+        except (ReloadError, ValueError) as exc:
+            self._rejected(exc)
+            self._renew_policy()
+        else:
+            self._commit(prepared)
+
+    def _prepare(self, new_args: RuntimeArgs, policy: str) -> None:
+        """Background capture: build the new state with queued graphs; ``release_first`` swaps
+        now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
+        if self.prepared is not None:  # a newer request supersedes one still capturing
+            self.worker.discard_reload(self.prepared, f"superseded by a reload to {new_args.speculative}",
+                                       superseded=True)
+            self.prepared = None
+        if policy == "release_first":
+            self.policy.release()
+        try:
+            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
+                                                  requested=True, graphs=not self.scheduled(new_args))
+        except (ReloadError, ValueError) as exc:
+            self._rejected(exc)
+            if policy == "release_first":
+                self._renew_policy()
+            return
+        if policy == "release_first":
+            self._commit(prepared)
+        else:
+            self.prepared = prepared
+
+    def _commit(self, prepared: PreparedReload) -> None:
+        self.policy.release()
+        try:
+            self.worker.commit_reload(prepared)
+        except ReloadError as exc:
+            self.worker.discard_reload(prepared, str(exc))
+            self._rejected(exc)
+            self._renew_policy()
+        else:
+            self.args = prepared.args
+            self._generation_seen = self.worker.generation
+            self.stats.record_reload({"ok": True, **self.worker.reload_history[-1]})
+            self._renew_policy()
+
+    def _commit_prepared(self) -> None:
+        """Swap in a prepared reload whose graphs are all ready (or drop it when one of its
+        captures failed: build-then-swap stays transactional)."""
+        prepared = self.prepared
+        if prepared is None or not prepared.ready:
+            return
+        self.prepared = None
+        failed = prepared.failed_sizes
+        if failed:
+            reason = f"capture failed at sizes {sorted(failed)}: {next(iter(failed.values()))}"
+            self.worker.discard_reload(prepared, reason)
+            self._rejected(ReloadError(reason))
+            return
+        self._commit(prepared)
+
+    def _rejected(self, exc: BaseException) -> None:
+        logger.error("reload rejected, the previous state keeps serving: %s", exc)
+        self.stats.record_reload({"ok": False, "error": str(exc)})

@@ -1,0 +1,127 @@
+"""The engine's step as one pipeline: admit, then draft, tree, verify, accept, commit, extend.
+
+Each stage is a function of named tensors: the step's `StepBatch` (slots, lengths, bonus tokens
+gathered once from the per-slot `SlotState`), the draft result, the verify tree, the target's
+logits and hidden states, and the `Acceptance`. The host reads the device once per step, when
+acceptance hands over the committed tokens (the requests' outputs, EOS and lengths); everything
+else stays on the device, read and written by slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from draftgraph.runtime import DraftResult, VerifyTree, build_tree
+
+from ..models.greedy import prefill
+from .request_table import RequestTable
+from .requests import Request
+from .slot_state import SlotState, StepBatch
+from .stats import EngineStats
+from .verify import Acceptance, accept, commit_kv, root_only_tree, verify_mask
+
+__all__ = ["StepPipeline"]
+
+
+class StepPipeline:
+    """The model work of one engine: ``target`` with its K/V ``cache``, the ``drafter`` and the
+    per-slot device state ``slots``; figures go to ``stats``."""
+
+    def __init__(self, target: Any, cache: Any, drafter: Any, slots: SlotState, eos_id: int | None,
+                 stats: EngineStats) -> None:
+        self.target = target
+        self.cache = cache
+        self.drafter = drafter
+        self.slots = slots
+        self.eos_id = eos_id
+        self.stats = stats
+
+    @torch.no_grad()
+    def admit(self, table: RequestTable) -> None:
+        """Prefill waiting requests into free slots. A failure of one request's prefill (target
+        or drafter) returns its slot and fails that request alone; an interrupt (a
+        BaseException that is not an Exception) puts the request back at the head of the
+        queue, its slot freed, and propagates."""
+        state = self.slots
+        for req in table.admissions():
+            try:
+                logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
+                bonus = int(logits[-1].argmax())
+                req.seq_len = len(req.prompt)
+                state.seq_len[req.slot] = req.seq_len
+                state.bonus[req.slot] = bonus
+                req.emit([bonus], self.eos_id)
+                if not req.done:
+                    self.drafter.prefill(state, req.slot, req.prompt, bonus, hidden)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    table.requeue(req)
+                    raise
+                table.fail(req, exc)
+                continue
+            table.admitted(req)
+
+    @torch.no_grad()
+    def step(self, reqs: Sequence[Request], worker: Any, num_steps: int) -> Acceptance:
+        """One step for the running ``reqs`` with the worker's active state (``num_steps`` 0: a
+        plain target decode, one token per request). Commits the accepted tokens into the
+        requests and the device state, extends the draft, counts the step; returns the
+        acceptance."""
+        st = self.stats
+        batch = StepBatch.gather(self.slots, [r.slot for r in reqs], [r.seq_len for r in reqs])
+        spec = worker.spec
+        n = spec.num_draft_tokens if num_steps else 1
+        draft = None
+        if num_steps:
+            with st.timed("draft"):
+                draft = self.drafter.draft(self.slots, batch)
+        with st.timed("build_tree"):
+            tree = self.tree(batch, draft, spec, n)
+        with st.timed("verify"):
+            logits, hidden = self.verify(batch, tree, n)
+        with st.timed("accept_commit"):
+            acc = accept(tree, logits.argmax(-1), spec.num_steps if num_steps else 0)
+            emitted = self.commit(batch, acc, reqs)
+        st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
+        with st.timed("extend"):
+            if not all(r.done for r in reqs):
+                alive = torch.tensor([not r.done for r in reqs], device=hidden.device)
+                self.drafter.extend(self.slots, batch, hidden, acc, alive)
+        return acc
+
+    @staticmethod
+    def tree(batch: StepBatch, draft: DraftResult | None, spec: Any, n: int) -> VerifyTree:
+        """The verify tree: the draft's (no validation: the engine's own drafter made it, and a
+        validation reads the device), or the bonus token alone when nothing was drafted."""
+        if draft is None:
+            return root_only_tree(batch.bonus, batch.lens)
+        parent_list, top_idx, draft_tokens = draft
+        return build_tree(batch.bonus, parent_list, top_idx, draft_tokens, batch.lens, spec.layout_topk,
+                          spec.num_steps, n, validate=False)
+
+    def verify(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target forward over every request's N tree tokens (K/V written at seq_len + node):
+        (logits [b, N, V], hidden [b, N, d])."""
+        dev = batch.lens.device
+        write = batch.lens[:, None] + torch.arange(n, device=dev)[None]
+        mask = verify_mask(tree, batch.lens, batch.max_len + n)
+        b = batch.size
+        return self.target(tree.tokens.view(b, n), tree.positions.view(b, n), write, batch.slots, mask, self.cache)
+
+    def commit(self, batch: StepBatch, acc: Acceptance, reqs: Sequence[Request]) -> int:
+        """Move accepted K/V to consecutive positions, advance each slot's length and bonus token
+        (device) and each request's tokens (host); returns the tokens emitted."""
+        commit_kv(self.cache, batch.slots, batch.lens, acc)
+        state = self.slots
+        state.seq_len.index_copy_(0, batch.slots, batch.lens + acc.length)
+        state.bonus.index_copy_(0, batch.slots, acc.tokens.gather(1, (acc.length - 1)[:, None])[:, 0])
+        emitted = 0
+        for r, toks in zip(reqs, acc.committed):
+            r.seq_len += len(toks)
+            r.verify_steps += 1
+            r.accepted += len(toks)
+            emitted += r.emit(toks, self.eos_id)
+        return emitted

@@ -1,0 +1,199 @@
+"""The engine's request table: slots, the waiting queue, the running batch, results and aborts.
+
+A request is waiting (no slot), running (a slot: its row in the per-slot device state and the
+K/V caches) or ended (finished, aborted or failed; its tokens kept until `pop_result` takes
+them). Another thread may call `add`, `result`, `pop_result` and `abort` while the serving
+thread steps: the few dict operations that move a request between live and ended are done
+under one lock, so a reader sees a request live or ended, never neither. Everything else
+(admission, ends, aborts applied) runs on the serving thread at step boundaries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+from .requests import Request, RequestFailed
+from .stats import EngineStats
+
+__all__ = ["RequestTable"]
+
+logger = logging.getLogger(__name__)
+
+
+class RequestTable:
+    """Requests of one engine with ``max_slots`` slots (numbered 1..max_slots; slot 0 is the
+    dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts;
+    ``reserve`` positions of ``max_len`` stay free for the widest verify tree."""
+
+    def __init__(self, max_slots: int, vocab_size: int, max_len: int, reserve: int, stats: EngineStats) -> None:
+        self.max_slots = max_slots
+        self.vocab_size, self.max_len, self.reserve = vocab_size, max_len, reserve
+        self.stats = stats
+        self.running: list[Request] = []
+        self._next_id = 0
+        self._waiting: deque[Request] = deque()
+        self._live: dict[int, Request] = {}  # waiting or running, by id
+        self._finished: dict[int, Request] = {}  # ended, not yet taken by pop_result
+        self._just_finished: list[int] = []  # ids that ended in the current step
+        self._aborts: set[int] = set()  # applied at the next step boundary
+        self._lock = threading.Lock()
+        self._free = list(range(max_slots, 0, -1))
+
+    # ---- any thread ----------------------------------------------------------------------------
+    def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
+        """Queue a request; returns its id. ValueError naming the field for ids outside
+        [0, vocab), an empty prompt, a bad ``max_new_tokens`` or a request too long to serve."""
+        v, limit = self.vocab_size, self.max_len
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
+        ids = list(prompt_ids)
+        if not ids:
+            raise ValueError("prompt_ids=[]: a prompt needs at least one token")
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v:
+                raise ValueError(f"prompt_ids[{i}]={t!r}: token ids must be ints in [0, {v})")
+        if len(ids) + max_new_tokens + self.reserve > limit:
+            raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
+                             f"{self.reserve} positions of max_len={limit} for the verify tree")
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            req = Request(rid, ids, max_new_tokens)
+            self._live[rid] = req
+            self._waiting.append(req)
+        return rid
+
+    def result(self, rid: int) -> list[int]:
+        """Tokens generated so far for ``rid``; RequestFailed for a failed request, KeyError for
+        an unknown or taken id."""
+        with self._lock:
+            req = self._finished.get(rid) or self._live.get(rid)
+            if req is None:
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        _raise_failed(req)
+        return list(req.output)
+
+    def pop_result(self, rid: int) -> list[int] | None:
+        """Take the tokens of ended request ``rid`` (then forgotten); None while it is live."""
+        with self._lock:
+            req = self._finished.pop(rid, None)
+            if req is None:
+                if rid in self._live:
+                    return None
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+        _raise_failed(req)
+        return req.output
+
+    def abort(self, rid: int) -> bool:
+        """Ask to stop ``rid`` at the next step boundary: True when it was live, False when it
+        had already ended; KeyError for an unknown or taken id."""
+        with self._lock:
+            if rid in self._finished:
+                return False
+            if rid not in self._live:
+                raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
+            self._aborts.add(rid)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self.running)
+
+    def next_batch_size(self) -> int:
+        """Running requests plus the waiting ones admission has free slots for."""
+        return len(self.running) + min(len(self._waiting), len(self._free))
+
+    # ---- the serving thread, at step boundaries ------------------------------------------------
+    def begin_step(self) -> None:
+        """Start the list of requests ending in this step; apply the aborts asked for."""
+        self._just_finished = []
+        if not self._aborts:
+            return
+        with self._lock:
+            aborts, self._aborts = self._aborts, set()
+        for rid in aborts:
+            req = self._live.get(rid)
+            if req is None:  # ended meanwhile
+                continue
+            if req.slot < 0:
+                self._waiting.remove(req)
+            else:
+                self.running.remove(req)
+            req.aborted = req.done = True
+            self.stats.add("requests_aborted")
+            self._end(req)
+
+    def ended(self) -> list[int]:
+        """Ids of the requests that ended in this step, ascending."""
+        return sorted(self._just_finished)
+
+    def admissions(self) -> Iterator[Request]:
+        """Waiting requests, each given a free slot, in arrival order, while slots are free. The
+        caller prefills each, then calls `admitted`, `fail` or `requeue` for it."""
+        while self._waiting and self._free:
+            req = self._waiting.popleft()
+            req.slot = self._free.pop()
+            yield req
+
+    def admitted(self, req: Request) -> None:
+        """``req`` was prefilled: running, or finished already (its first token ended it)."""
+        self.stats.add("tokens_generated", len(req.output))
+        if req.done:
+            self.finish(req)
+        else:
+            self.running.append(req)
+
+    def requeue(self, req: Request) -> None:
+        """Admission of ``req`` was interrupted: its slot freed, back at the head of the queue."""
+        self._undo(req)
+        self._waiting.appendleft(req)
+
+    def fail(self, req: Request, exc: Exception) -> None:
+        """``req`` failed while admitted: logged with its traceback, then kept without it."""
+        self._undo(req)
+        logger.error("request %d failed while admitting it; the engine serves the others",
+                     req.rid, exc_info=exc)
+        cause: BaseException | None = exc
+        while cause is not None:  # the tracebacks hold the failing frames and their tensors
+            cause.__traceback__ = None
+            cause = cause.__cause__ or cause.__context__
+        req.error = exc
+        req.done = True
+        self.stats.add("requests_failed")
+        self._end(req)
+
+    def retire_done(self) -> None:
+        """End every running request that is done (after a step committed its tokens)."""
+        if any(r.done for r in self.running):
+            for r in self.running:
+                if r.done:
+                    self.finish(r)
+            self.running = [r for r in self.running if not r.done]
+
+    def finish(self, req: Request) -> None:
+        self.stats.add("requests_finished")
+        self._end(req)
+
+    def _undo(self, req: Request) -> None:
+        self._free.append(req.slot)
+        req.slot, req.seq_len, req.done = -1, 0, False
+        req.output.clear()
+
+    def _end(self, req: Request) -> None:
+        """Move an ended request from live to finished, its slot freed."""
+        if req.slot >= 0:
+            self._free.append(req.slot)
+        req.slot = -1
+        with self._lock:  # one move: another thread sees it live or finished, never neither
+            self._finished[req.rid] = req
+            self._live.pop(req.rid, None)
+        self._just_finished.append(req.rid)
+
+
+def _raise_failed(req: Request) -> None:
+    if req.error is not None:
+        err = req.error
+        raise RequestFailed(req.rid, f"request id {req.rid}: failed while admitting it "
+                                     f"({type(err).__name__}: {err})") from err

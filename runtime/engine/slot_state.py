@@ -1,0 +1,80 @@
+"""The engine's batch on the device, by slot: what a running request carries between steps.
+
+Allocated once for every slot (slot 0 is the dummy slot pad rows use), read and written by slot
+index (vLLM's persistent batch, gpt-fast's static cache): a step gathers its rows with one index
+tensor and scatters its results back; nothing is stacked from or unstacked into Python objects.
+
+Per slot:
+- ``seq_len`` [slots] long: tokens whose target K/V is committed;
+- ``bonus`` [slots] long: the next token (at position seq_len, not yet in the cache), the root
+  of the next verify tree;
+- ``feature`` [slots, dim]: the draft's carried feature (EAGLE: the draft's feature at the bonus
+  position; multi-layer: the target's hidden state there);
+- ``draft_p`` / ``draft_ids`` [slots, keep]: the draft's top candidates for the token after the
+  bonus, the widest ``keep`` so that a reload to another topk can use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SlotState", "StepBatch"]
+
+
+class SlotState:
+    """Per-slot device tensors (see the module docstring); never rebound, so graphs that read
+    them stay valid."""
+
+    def __init__(self, slots: int, dim: int, keep: int, device: torch.device | str) -> None:
+        self.seq_len = torch.zeros(slots, dtype=torch.long, device=device)
+        self.bonus = torch.zeros(slots, dtype=torch.long, device=device)
+        self.feature = torch.zeros(slots, dim, dtype=torch.float32, device=device)
+        self.draft_p = torch.zeros(slots, keep, dtype=torch.float32, device=device)
+        self.draft_ids = torch.zeros(slots, keep, dtype=torch.long, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.seq_len.device
+
+    def set_draft(self, slots: torch.Tensor, feature: torch.Tensor, logits: torch.Tensor | None) -> None:
+        """The draft inputs of the next step for ``slots`` [b]: feature [b, dim] and, when given,
+        the top candidates of logits [b, V]."""
+        self.feature.index_copy_(0, slots, feature.float())
+        if logits is not None:
+            p, ids = torch.softmax(logits.float(), -1).topk(self.draft_p.shape[1], dim=-1)
+            self.draft_p.index_copy_(0, slots, p)
+            self.draft_ids.index_copy_(0, slots, ids)
+
+    @torch.no_grad()
+    def clear_non_finite(self) -> None:
+        """Replace NaN / inf in the carried draft inputs by zeros (in place)."""
+        for t in (self.feature, self.draft_p):
+            t.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's batch, built once per step: ``slots`` [b] long (the running requests' slots,
+    in batch order), ``lens`` [b] and ``bonus`` [b] gathered from the `SlotState`, and the host's
+    copies ``slot_list`` / ``len_list`` (sizes and windows without reading the device)."""
+
+    slots: torch.Tensor
+    lens: torch.Tensor
+    bonus: torch.Tensor
+    slot_list: tuple[int, ...]
+    len_list: tuple[int, ...]
+
+    @classmethod
+    def gather(cls, state: SlotState, slot_list: list[int], len_list: list[int]) -> StepBatch:
+        slots = torch.tensor(slot_list, dtype=torch.long, device=state.device)
+        return cls(slots, state.seq_len[slots], state.bonus[slots], tuple(slot_list), tuple(len_list))
+
+    @property
+    def size(self) -> int:
+        return len(self.slot_list)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.len_list)
