@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_support import MAX_NEW, models, prompts, reference
 
-import draftgraph.runtime.engine.engine as engine_mod
+import draftgraph.runtime.engine.pipeline as engine_mod
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import RequestFailed, SpecDecodeEngine
 
@@ -169,7 +169,7 @@ def test_admission_failures_lose_no_slot(monkeypatch):
                                lambda a: by_prompt[tuple(a[3])])
     monkeypatch.setattr(engine_mod, "prefill", tprefill)
     dprefill = _FailingPrefill(engine.drafter.prefill, fail_draft, MemoryError("injected draft"),
-                               lambda a: a[0].rid)
+                               lambda a: by_prompt[tuple(a[2])])
     monkeypatch.setattr(engine.drafter, "prefill", dprefill)
     bad = []
     for i in range(50):
@@ -268,7 +268,7 @@ def test_a_fault_inside_the_step_loses_nothing(site, exc, backend, monkeypatch):
         graphs = engine.worker.state.graphs
         monkeypatch.setattr(graphs, "replay", fault(graphs.replay))
     elif site == "verify":  # the target's verify forward (not a prefill: there write is pos)
-        engine.target = _Target(engine.target, fault)
+        engine.pipeline.target = _Target(engine.pipeline.target, fault)
     else:
         monkeypatch.setattr(engine.drafter, "extend", fault(engine.drafter.extend))
     ids = [engine.add_request(p, MAX_NEW) for p in _prompts()]
