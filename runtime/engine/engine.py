@@ -38,7 +38,7 @@ from ..models.greedy import prefill
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
-from .profile_windows import engine_step
+from .profiling import engine_step
 from .requests import Request, RequestFailed
 from .scheduling import BandScheduler, check_schedule, reload_state_specs
 from .stats import EngineStats
@@ -151,7 +151,7 @@ class SpecDecodeEngine:
         self._free = list(range(self.max_slots, 0, -1))
         self.served: list[int] = []  # generation served at every step (with a coordinator)
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
-        self.profiler: Any = None  # a StepProfiler (step_profiler.py) while one is attached
+        self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
         self.startup_s = time.perf_counter() - self._t0  # construction to the first servable step
 
     def attach_coordinator(self, coordinator: Any) -> None:
@@ -505,7 +505,7 @@ class SpecDecodeEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`). A ``step`` range (profile_windows.py) holds one
+        failed: take them with `pop_result`). A ``step`` range (profiling.py) holds one
         range per stage of ``stats()["stage_s"]``."""
         slot = self.worker.slot
         slot.enter_step()  # reloads of our worker may run in this thread, now
