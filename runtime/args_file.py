@@ -24,7 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .config import DEFAULT_MAX_STATE_BYTES, CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from .limits import DEFAULT_MAX_STATE_BYTES
 from .private_dir import read_regular
 from .schedule import SpeculationSchedule
 from .validation import ConfigTypeError

@@ -1,10 +1,11 @@
 """Frozen, validated configuration: speculative shape, graph capture phases, runtime arguments.
 
-`PhaseGraphConfig` / `CudaGraphConfig` mirror the shape of SGLang's ``cuda_graph_config`` so an
-engine can hand its own object to `RuntimeArgs.from_sglang`.
+`PhaseGraphConfig` / `CudaGraphConfig` mirror the shape of SGLang's ``cuda_graph_config``; SGLang's
+own objects become a `RuntimeArgs` through one route, `draftgraph.runtime.sglang.config.
+runtime_args_from_sglang` (that module imports this one, never the other way).
 
-Bounds: `SpeculativeConfig` refuses values past ``MAX_NUM_STEPS`` (64), ``MAX_TOPK`` (64) and
-``MAX_NUM_DRAFT_TOKENS`` (1024); a worker refuses to build a state whose estimated bytes
+Bounds (`draftgraph.runtime.limits`): `SpeculativeConfig` refuses values past ``MAX_NUM_STEPS``
+(64), ``MAX_TOPK`` (64) and ``MAX_NUM_DRAFT_TOKENS`` (1024); a worker refuses to build a state whose estimated bytes
 (`draftgraph.runtime.budget`) exceed ``RuntimeArgs.max_state_bytes`` (default
 ``DEFAULT_MAX_STATE_BYTES``, 1 GiB), before allocating anything.
 """
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .limits import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
+from .schedule import SpeculationSchedule
 from .tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
 from .validation import (
     ConfigTypeError,
@@ -27,10 +30,6 @@ from .validation import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_STATE_BYTES",
-    "MAX_NUM_DRAFT_TOKENS",
-    "MAX_NUM_STEPS",
-    "MAX_TOPK",
     "SpeculativeConfig",
     "PhaseGraphConfig",
     "CudaGraphConfig",
@@ -38,12 +37,6 @@ __all__ = [
     "chain_capacity",
     "max_tree_candidates",
 ]
-
-
-MAX_NUM_STEPS = 64  # draft depth S; EAGLE serves 1..8, SGLang's largest presets stay below 16
-MAX_TOPK = 64  # branching k per step
-MAX_NUM_DRAFT_TOKENS = 1024  # verify width N (root included); a static tree has N - 1 paths
-DEFAULT_MAX_STATE_BYTES = 1 << 30  # a worker state's estimated bytes (RuntimeArgs.max_state_bytes)
 
 
 def max_tree_candidates(num_steps: int, topk: int) -> int:
@@ -238,7 +231,7 @@ class RuntimeArgs:
     max_running_requests: int | None = None
     device: str = "cpu"
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
-    schedule: Any = None
+    schedule: SpeculationSchedule | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative, SpeculativeConfig):
@@ -252,7 +245,6 @@ class RuntimeArgs:
         require_optional_positive_int("max_running_requests", self.max_running_requests)
         require_positive_int("max_state_bytes", self.max_state_bytes)
         if self.schedule is not None:
-            from .schedule import SpeculationSchedule  # that module imports this one
             if not isinstance(self.schedule, SpeculationSchedule):
                 raise ConfigTypeError(f"schedule={self.schedule!r}: must be a SpeculationSchedule or None")
         try:
@@ -269,14 +261,6 @@ class RuntimeArgs:
     def replace(self, **changes: Any) -> RuntimeArgs:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_sglang(cls, server_args: Any = None) -> RuntimeArgs:
-        """SGLang's configuration as SGLang's workers see it: the published runtime context, a
-        resolved ServerArgs, or plain attributes (see `sglang.config.runtime_args_from_sglang`)."""
-        from .sglang.config import runtime_args_from_sglang  # imported on call: that module imports this one
-
-        return runtime_args_from_sglang(server_args)
 
 
 def chain_capacity(args: RuntimeArgs) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .config import MAX_NUM_STEPS
+from .limits import MAX_NUM_STEPS
 from .validation import ConfigTypeError
 
 __all__ = ["ScheduleBand", "SpeculationSchedule"]

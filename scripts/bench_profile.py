@@ -21,9 +21,8 @@ import torch
 from draftgraph.graphs.spans import span, spans_active
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
-from draftgraph.runtime.engine.profile_windows import engine_step
+from draftgraph.runtime.engine.profiling import engine_step, profile_steps
 from draftgraph.runtime.engine.stats import STAGES
-from draftgraph.runtime.engine.step_profiler import profile_steps
 from draftgraph.runtime.models import default_models
 from draftgraph.runtime.models.corpus import held_out_prompts
 from scripts.benchutil import emit, record, time_interleaved

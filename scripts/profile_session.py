@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.runtime.engine.profile_windows import parse_profile_steps
-from draftgraph.runtime.engine.profiling import profile_run
+from draftgraph.runtime.engine.profiling import parse_profile_steps, profile_run
 
 __all__ = ["main", "profile_run"]
 

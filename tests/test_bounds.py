@@ -25,13 +25,8 @@ from draftgraph.runtime import (
     load_runtime_args,
 )
 from draftgraph.runtime.budget import estimate_state_bytes
-from draftgraph.runtime.config import (
-    DEFAULT_MAX_STATE_BYTES,
-    MAX_NUM_DRAFT_TOKENS,
-    MAX_NUM_STEPS,
-    MAX_TOPK,
-    chain_capacity,
-)
+from draftgraph.runtime.config import chain_capacity
+from draftgraph.runtime.limits import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel()

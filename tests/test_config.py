@@ -16,6 +16,7 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
     chain_capacity,
+    runtime_args_from_sglang,
 )
 
 SPEC_CASES = [
@@ -111,19 +112,19 @@ def test_from_sglang_new_and_old_layouts():
         max_running_requests=32,
         cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(max_bs=24, bs=None)),
     )
-    a = RuntimeArgs.from_sglang(new)
+    a = runtime_args_from_sglang(new)
     assert a.speculative == SpeculativeConfig(3, 4, 8)
     assert a.decode.max_bs == 24 and a.max_running_requests == 32 and chain_capacity(a) == 32
     old = types.SimpleNamespace(
         speculative_num_steps=2, speculative_eagle_topk=1, speculative_num_draft_tokens=None,
         max_running_requests=None, cuda_graph_max_bs=None, cuda_graph_bs=[1, 2, 8],
     )
-    b = RuntimeArgs.from_sglang(old)
+    b = runtime_args_from_sglang(old)
     assert b.speculative.num_draft_tokens == 3 and b.decode.bs == (1, 2, 8) and b.decode.max_bs == 8
     bad = types.SimpleNamespace(speculative_num_steps=2, speculative_eagle_topk=1,
                                 speculative_num_draft_tokens=5)
     with pytest.raises(ValueError, match="num_draft_tokens=5"):
-        RuntimeArgs.from_sglang(bad)
+        runtime_args_from_sglang(bad)
 
 
 def test_frozen():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,10 +81,8 @@ def test_no_re_export_modules():
         assert importlib.util.find_spec(f"draftgraph.runtime.{name}") is None, name
 
 
-def test_one_runtime_args_from_sglang_and_no_import_circle():
-    import ast
+def test_one_route_from_sglang_to_runtime_args():
     import types
-    from pathlib import Path
 
     import draftgraph.runtime as rt
     from draftgraph.runtime import RuntimeArgs, runtime_args_from_sglang
@@ -94,14 +93,101 @@ def test_one_runtime_args_from_sglang_and_no_import_circle():
                if "def runtime_args_from_sglang(" in f.read_text()]
     assert defined == ["sglang/config.py"]
     assert runtime_args_from_sglang is sglang_config.runtime_args_from_sglang
-    # config.py imports sglang/config.py only inside from_sglang (sglang/config.py imports config.py)
-    top = ast.parse((root / "config.py").read_text()).body
-    imported = [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
-    assert not [m for m in imported if "sglang" in m], imported
+    assert not hasattr(RuntimeArgs, "from_sglang")  # the second route (a call-time import) is gone
     src = types.SimpleNamespace(speculative_num_steps=3, speculative_eagle_topk=1,
                                 speculative_num_draft_tokens=4, cuda_graph_config=None,
                                 max_running_requests=8)
-    assert RuntimeArgs.from_sglang(src) == runtime_args_from_sglang(src)
+    assert isinstance(runtime_args_from_sglang(src), RuntimeArgs)
+
+
+def _runtime_modules() -> dict[str, Path]:
+    """Every module of draftgraph.runtime (package ``__init__`` files as the package's name)."""
+    import draftgraph.runtime as rt
+
+    root = Path(rt.__file__).parent
+    out = {}
+    for f in sorted(root.rglob("*.py")):
+        parts = list(f.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(["draftgraph.runtime", *parts])] = f
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``path`` imports anywhere (top level or inside a function)."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            candidates = [target, *(f"{target}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        found.update(c for c in candidates if c in known and c != name)
+    return found
+
+
+def test_no_import_cycle_among_runtime_modules():
+    """Issue 29: config.py -> schedule.py / sglang/config.py -> config.py was a circle (through a
+    call-time import and MAX_NUM_STEPS); the limits live below config.py now. Package
+    ``__init__`` files are left out (they import their modules by design); every import counts,
+    also one inside a function."""
+    modules = {m: p for m, p in _runtime_modules().items() if p.name != "__init__.py"}
+    graph = {m: _imports(m, p, set(modules)) for m, p in modules.items()}
+    assert graph["draftgraph.runtime.schedule"] == {"draftgraph.runtime.limits", "draftgraph.runtime.validation"}
+    assert "draftgraph.runtime.config" in graph["draftgraph.runtime.sglang.config"]  # the graph sees edges
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_each_runtime_module_imports_alone():
+    """Each module of draftgraph.runtime and draftgraph.graphs imported first, in an interpreter
+    holding no draftgraph module (an import order a circle would break)."""
+    names = list(_runtime_modules())
+    code = (
+        "import importlib, json, sys, traceback\n"
+        "import torch  # loaded once; draftgraph's modules are dropped before each import\n"
+        "import draftgraph.graphs as g, pkgutil\n"
+        f"names = {names!r} + ['draftgraph.graphs.' + m.name for m in pkgutil.iter_modules(g.__path__)]\n"
+        "failed = {}\n"
+        "for name in names:\n"
+        "    for m in [m for m in sys.modules if m == 'draftgraph' or m.startswith('draftgraph.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception:\n"
+        "        failed[name] = traceback.format_exc(limit=3)\n"
+        "print(json.dumps({'count': len(names), 'failed': failed}))\n"
+    )
+    done = _python(code, timeout=600.0)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failed"] == {}
+    assert result["count"] > 40
 
 
 # ---- optional dependencies ---------------------------------------------------------------------

@@ -16,9 +16,8 @@ from draftgraph.graphs.spans import disable_nvtx, enable_nvtx, nvtx_enabled, spa
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import cli
 from draftgraph.runtime.engine.engine import SpecDecodeEngine
-from draftgraph.runtime.engine.profile_windows import check_windows, parse_profile_steps
+from draftgraph.runtime.engine.profiling import StepProfiler, check_windows, parse_profile_steps, profile_steps
 from draftgraph.runtime.engine.stats import STAGES
-from draftgraph.runtime.engine.step_profiler import StepProfiler, profile_steps
 
 SIM = ["simulate", "--requests", "3", "--adaptive", "", "--no-greedy", "--backend", "eager",
        "--max-bs", "4", "--max-running", "4"]
@@ -324,9 +323,9 @@ def _retained(profiler: StepProfiler) -> int:
 
 
 def test_ops_mode_without_windows_is_capped(tmp_path, monkeypatch, caplog, nvtx_off):
-    from draftgraph.runtime.engine import step_profiler
+    from draftgraph.runtime.engine import profiling
 
-    monkeypatch.setattr(step_profiler, "MAX_OPS_STEPS", 3, raising=False)
+    monkeypatch.setattr(profiling, "MAX_OPS_STEPS", 3)
     eng = _engine()
     profiler = eng.profiler = StepProfiler(tmp_path, None, cuda_profiler=False)
     for _ in range(3):

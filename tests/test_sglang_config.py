@@ -14,7 +14,7 @@ import pytest
 from sglang_support import import_sglang, published, resolved_server_args, write_tiny_model
 
 from draftgraph.graphs import capture_batch_sizes
-from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity
+from draftgraph.runtime.config import SpeculativeConfig, chain_capacity
 from draftgraph.runtime.sglang.config import runtime_args_from_sglang, sglang_chain_capacity
 from draftgraph.runtime.validation import ConfigTypeError
 
@@ -78,11 +78,9 @@ def test_resolved_server_args_and_context_match_sglang(sg, model_dir, case):
     assert args.decode.bs == tuple(decode.bs)
     assert args.decode.disabled == (decode.backend == "disabled")
     assert args.max_running_requests == requests
-    assert RuntimeArgs.from_sglang(sa) == args
     with published(sa) as rc:
         assert rc.get_exec().graph.cuda_graph_config.decode.max_bs == decode.max_bs
         assert runtime_args_from_sglang() == args  # no argument: the published context
-        assert RuntimeArgs.from_sglang() == args
         capacity = sglang_capacity(sg, sa)
         assert chain_capacity(args) == capacity == sglang_chain_capacity()
         # SGLang's pool holds max_running_requests requests; its runner clamps the sizes to it
@@ -95,7 +93,7 @@ def test_unresolved_server_args_reads_the_dict_form(sg, model_dir):
     sa = resolved_server_args(model_dir, resolve=False, cuda_graph_config={"decode": {"max_bs": 32}},
                               max_running_requests=48)
     assert sa.cuda_graph_config == {"decode": {"max_bs": 32}}
-    args = RuntimeArgs.from_sglang(sa)
+    args = runtime_args_from_sglang(sa)
     assert args.decode.max_bs == 32 and args.decode.bs is None and not args.decode.disabled
     assert chain_capacity(args) == 48
 
@@ -132,20 +130,20 @@ class Backend(enum.Enum):
     (types.SimpleNamespace(decode=types.SimpleNamespace(max_bs=24, bs=None)), 24, None, False),
 ])
 def test_cuda_graph_config_forms(cfg, max_bs, bs, disabled):
-    decode = RuntimeArgs.from_sglang(ns(cuda_graph_config=cfg)).decode
+    decode = runtime_args_from_sglang(ns(cuda_graph_config=cfg)).decode
     assert (decode.max_bs, decode.bs, decode.disabled) == (max_bs, bs, disabled)
     if disabled:
         assert capture_batch_sizes(decode) == []
 
 
 def test_flat_layout_and_disable_flag():
-    a = RuntimeArgs.from_sglang(ns(cuda_graph_max_bs=16, cuda_graph_bs=None, max_running_requests=4))
+    a = runtime_args_from_sglang(ns(cuda_graph_max_bs=16, cuda_graph_bs=None, max_running_requests=4))
     assert a.decode.max_bs == 16 and chain_capacity(a) == 16
-    b = RuntimeArgs.from_sglang(ns(disable_cuda_graph=True))
+    b = runtime_args_from_sglang(ns(disable_cuda_graph=True))
     assert b.decode.disabled and b.decode.max_bs is None
-    c = RuntimeArgs.from_sglang(ns(cuda_graph_config={"decode": {"max_bs": 8}}, disable_cuda_graph=True))
+    c = runtime_args_from_sglang(ns(cuda_graph_config={"decode": {"max_bs": 8}}, disable_cuda_graph=True))
     assert c.decode.disabled and c.decode.max_bs == 8
-    assert RuntimeArgs.from_sglang(ns()).cuda_graph_config is None
+    assert runtime_args_from_sglang(ns()).cuda_graph_config is None
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -161,7 +159,7 @@ def test_flat_layout_and_disable_flag():
 ])
 def test_uninterpretable_values_are_config_type_errors(kw, match):
     with pytest.raises(ConfigTypeError, match=match):
-        RuntimeArgs.from_sglang(ns(**kw))
+        runtime_args_from_sglang(ns(**kw))
 
 
 def test_no_argument_without_a_published_context():

@@ -31,7 +31,7 @@ from draftgraph.runtime import (
 from draftgraph.runtime.schedule import SpeculationSchedule
 
 from .profile_report import format_table
-from .profile_windows import parse_profile_steps
+from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 

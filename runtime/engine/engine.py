@@ -37,7 +37,7 @@ from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
 from .pipeline import StepPipeline
 from .policy import FixedPolicy
-from .profile_windows import engine_step
+from .profiling import engine_step
 from .report import EngineReport
 from .request_table import RequestTable
 from .requests import RequestFailed
@@ -132,7 +132,7 @@ class SpecDecodeEngine:
         self.acceptance = AcceptanceMonitor(acceptance_watch) if acceptance_watch is not None else None
         self.report = EngineReport(t0, self._counts, self.boundary, self.acceptance, backend, capture)
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
-        self.profiler: Any = None  # a StepProfiler (step_profiler.py) while one is attached
+        self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
         self.report.mark_started()
 
     # ---- what the engine serves ---------------------------------------------------------------
@@ -236,7 +236,7 @@ class SpecDecodeEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[int]:
         """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`). A ``step`` range (profile_windows.py) holds one
+        failed: take them with `pop_result`). A ``step`` range (profiling.py) holds one
         range per stage of ``stats()["stage_s"]``."""
         slot = self.worker.slot
         slot.enter_step()  # reloads of our worker may run in this thread, now

@@ -16,7 +16,7 @@ from typing import Any
 
 from .stats import STAGES
 
-__all__ = ["format_table", "label_attrs", "range_table", "step_stages", "trace_ranges",
+__all__ = ["base_name", "format_table", "label_attrs", "range_table", "step_stages", "trace_ranges",
            "write_stage_plot"]
 
 logger = logging.getLogger(__name__)

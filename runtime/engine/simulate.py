@@ -21,9 +21,9 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from .engine import SpecDecodeEngine
+from .profiling import profile_steps
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
-from .step_profiler import profile_steps
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
