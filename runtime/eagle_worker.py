@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span
+from draftgraph.graphs import Miss, span
 
 from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
@@ -37,7 +37,8 @@ from .worker_base import EagleDraftWorkerBase, GraphStep
 
 __all__ = ["EagleDraftWorker"]
 
-STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")
+STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")  # the graph step's inputs, in this order
+NO_GRAPHS = Miss("no_graphs")  # the state has no replayable manager (see state.EAGER_REASONS)
 
 
 class EagleDraftWorker(EagleDraftWorkerBase):
@@ -136,13 +137,15 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             self.last_state = state
             self.capture_queue.note_batch(b)
             graphs = state.replayable_graphs()
-            plan = graphs.lookup(b) if graphs is not None else None
-            if plan is not None:
+            found = graphs.lookup(b) if graphs is not None else NO_GRAPHS
+            if type(found) is not Miss:
                 if state.storage_guard is not None:
                     state.storage_guard.check()  # a replaced draft tensor: refused, never read stale
-                out = graphs.replay(plan, {"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
-                return DraftResult(*out)
-            reason = graphs.last_miss if graphs is not None else "no_graphs"
+                # checked above (`_check_input`): the manager loads them as they are
+                out = graphs.replay_trusted(found, (topk_p, topk_index, hidden))
+                buf = state.static_buffers()
+                return DraftResult(*out, buf.layout if buf is not None else None)
+            reason = found.reason
             reasons = state.counts.eager_reasons
             reasons[reason] = reasons.get(reason, 0) + 1
             # the graph path reads contiguous copies: the eager path reads the same layout
@@ -209,17 +212,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         counts = state.counts
         if buf is not None:
             tokens = self._static_tokens(buf, topk_index, hidden)
-            if b > buf.capacity:  # fresh copies of the constant rows (tagged, see topology)
+            if b > buf.capacity:  # fresh copies of the constant rows, the same layout
                 if count:
                     counts.capacity_fallbacks += 1
                     counts.tree_path_calls += 1
-                return DraftResult(*buf.copies(b), tokens)
+                return DraftResult(*buf.copies(b), tokens, buf.layout)
             if not count:
-                return DraftResult(*buf.view(b), tokens)
+                return DraftResult(*buf.view(b), tokens, buf.layout)
             counts.fast_path_hits += 1
             with span("organize_fast", bs=b):
                 parents, score_indices = buf.view(b)
-            return DraftResult(parents, score_indices, tokens)
+            return DraftResult(parents, score_indices, tokens, buf.layout)
         spec = state.spec
         lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
         if not count:

@@ -138,16 +138,18 @@ def test_build_tree_constant_route_equals_general(tree, b, seed):
     spec = SpeculativeConfig(depth, 4, tree_choices=choices)
     w = worker_for(spec)
     inp = draft_input(b, 4, seed)
-    parents, indices, tokens = w.draft_forward(inp)
+    result = w.draft_forward(inp)
+    parents, indices, tokens = result
+    assert result.layout is w.topology_buffers.verify  # views and copies above the capacity alike
     gen = torch.Generator().manual_seed(seed)
     verified = torch.randint(0, V, (b,), generator=gen)
     seq_lens = torch.randint(0, 100, (b,), generator=gen, dtype=torch.int32)
     n = spec.num_draft_tokens
     with _Count() as counter:
-        fast = build_tree(verified, parents, indices, tokens, seq_lens, spec.topk, depth, n)
-    # untagged copies decode through the general route (topk=1: the static layout)
-    slow = build_tree(verified, parents.clone(), indices.clone(), tokens, seq_lens,
-                      spec.layout_topk, depth, n)
+        fast = build_tree(verified, parents, indices, tokens, seq_lens, spec.topk, depth, n,
+                          layout=result.layout)
+    # without the layout: the general route (topk=1: the static layout)
+    slow = build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, depth, n)
     for name in FIELDS:
         assert_same(getattr(fast, name), getattr(slow, name), name)
     if b <= CAPACITY:
@@ -336,13 +338,15 @@ def test_cuda_graph_static_tree(choices):
     cpu_model = MODEL
     for b in (1, 3, 4, 5):
         inp = draft_input(b, 4, seed=b, device="cuda")
-        parents, indices, tokens = w.draft_forward(inp)
+        result = w.draft_forward(inp)
+        parents, indices, tokens = result
+        assert result.layout is w.topology_buffers.verify  # graph replay (b <= 4) and eager
         cpu_inp = DraftInput(*(t.cpu() for t in (inp.topk_p, inp.topk_index, inp.hidden_states)))
         assert torch.equal(tokens.cpu(), brute_force(choices, cpu_inp, cpu_model))
         seq = torch.full((b,), 5, device="cuda")
         fast = build_tree(inp.topk_index[:, 0], parents, indices, tokens, seq, 4, depth,
-                          spec.num_draft_tokens)
-        slow = build_tree(inp.topk_index[:, 0], parents.clone(), indices.clone(), tokens, seq, 1,
+                          spec.num_draft_tokens, layout=result.layout)
+        slow = build_tree(inp.topk_index[:, 0], parents, indices, tokens, seq, 1,
                           depth, spec.num_draft_tokens)
         for name in FIELDS:
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
