@@ -228,7 +228,9 @@ def test_worker_tokens_equal_brute_force_graph(choices):
     for b in (1, 3, 4, 5):
         inp = draft_input(b, 4, seed=b)
         replays = w.counters.graph_replays
-        got = [t.clone() for t in w.draft_forward(inp)]
+        result = w.draft_forward(inp)
+        assert result.layout is w.topology_buffers.layout  # from a replay (b <= 4) and eager alike
+        got = [t.clone() for t in result]
         assert w.counters.graph_replays == replays + (1 if b <= 4 else 0)
         assert_same(got[2], brute_force(choices, inp), f"b={b} tokens")
         assert torch.equal(got[0], w.topology_buffers.parents[:1].expand(b, -1))
@@ -352,3 +354,30 @@ def test_cuda_graph_static_tree(choices):
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         if b <= 4:
             assert fast.tree_mask.data_ptr() == w.topology_buffers.verify.tree_mask.data_ptr()
+
+
+def test_build_tree_refuses_a_layout_of_another_tree():
+    """The layout is an argument now: one of the wrong size or type is named, never ignored."""
+    spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
+    w = worker_for(spec)
+    result = w.draft_forward(draft_input(2, 4, seed=0))
+    chain5 = worker_for(SpeculativeConfig(5, 1)).topology_buffers.layout  # 5 nodes
+    args = (torch.tensor([1, 2]), *result, torch.tensor([5, 6]), 1, 2, spec.num_draft_tokens)
+    with pytest.raises(ValueError, match=r"layout has 5 nodes: top_scores_index has 3 columns"):
+        build_tree(*args, layout=chain5)
+    with pytest.raises(TypeError, match="layout=TopologyBuffers: must be a VerifyConstants"):
+        build_tree(*args, layout=w.topology_buffers)
+
+
+def test_draft_result_unpacks_as_sglang_s_three_tensors():
+    spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
+    w = worker_for(spec)
+    result = w.draft_forward(draft_input(2, 4, seed=0))
+    parents, indices, tokens = result
+    fields = (result.parent_list, result.top_scores_index, result.draft_tokens)
+    assert all(a is b for a, b in zip((parents, indices, tokens), fields, strict=True))
+    assert all(a is b for a, b in zip(result[:], fields, strict=True)) and len(result) == 3
+    assert result[0] is parents and result[-1] is tokens
+    assert result.layout is w.topology_buffers.layout
+    with pytest.raises(AttributeError):
+        result.layout = None  # frozen: the layout travels with the tensors it describes
