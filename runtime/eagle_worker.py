@@ -13,7 +13,13 @@ fallback above the largest captured size, so an input gets the same answer or th
 on every path): topk_p float32 and topk_index int64, both [b, topk]; hidden_states [b,
 hidden_size] of the model's dtype; all on the worker's device; any strides; a step never
 records autograd history, whatever the grad mode (inputs that require grad and inference-mode
-tensors give the same answer).
+tensors give the same answer). They are checked once, at `draft_forward`'s entry: the graph
+manager replays the checked tensors as they are (`replay_trusted`), and the layers below
+trust them.
+
+Decisions travel as values: the manager's `lookup` answers a plan or a `Miss` naming its
+reason (counted per reason in the state's counts), and every result carries its layout
+(`DraftResult.layout`: the topology's constants for a static topology, None for a dynamic tree).
 """
 
 from __future__ import annotations
@@ -109,7 +115,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         """(parent_list [b, 1+(S-1)k], top_scores_index [b, N-1], draft_tokens [b, N-1]).
 
         A static topology returns the static layout: parent_list [b, N-1] (width 0 for a
-        depth-1 tree), row views of the topology buffers up to their capacity. The state's
+        depth-1 tree), row views of the topology buffers up to their capacity, with its
+        ``layout`` (the buffers' `VerifyConstants`; None for a dynamic tree). The state's
         graph manager decides once (`lookup`) whether b replays and at which padded size; the
         outputs of a replay are views of graph memory, valid until the next step. Otherwise
         the step runs eagerly, under the same input rules (see the module docstring).
@@ -157,10 +164,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     def _check_input(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
                      hidden: torch.Tensor | None) -> None:
-        """The one set of input rules, for every path: topk_p float32 and topk_index int64
-        [b, k] (same shape: checked by `unpack_draft_input`), hidden_states [b, H] of the
-        model's dtype, all on the worker's device. TypeError for a dtype, ValueError for a shape
-        or a device, naming the input."""
+        """The one set of input rules, for every path, and the step's only input check: topk_p
+        float32 and topk_index int64 [b, k] (same shape: checked by `unpack_draft_input`),
+        hidden_states [b, H] of the model's dtype, all on the worker's device. TypeError for a
+        dtype, ValueError for a shape or a device, naming the input."""
         k = state.spec.topk
         if topk_index.shape[1] != k:
             raise ValueError(
