@@ -8,7 +8,7 @@ from __future__ import annotations
 from .backends import BACKEND_NAMES, resolve_backend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
 from .errors import GraphCaptureError, GraphDebugError
-from .manager import GraphCaptureManager, ReplayPlan, StepOutput
+from .manager import MISS_REASONS, GraphCaptureManager, Miss, ReplayPlan, StepOutput
 from .protocol import CapturedGraph, GraphBackend
 from .sizes import (
     DEFAULT_MAX_BS,
@@ -42,7 +42,9 @@ __all__ = [
     "GraphCaptureError",
     "GraphCaptureManager",
     "GraphDebugError",
+    "MISS_REASONS",
     "ManagerStats",
+    "Miss",
     "NVTX_DOMAIN",
     "ReplayCounters",
     "ReplayPlan",

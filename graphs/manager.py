@@ -9,9 +9,10 @@ replays, and outputs come back sliced to b rows. A batch above the largest size 
 the step eagerly on the inputs as given and never touches the static buffers.
 
 One decision, one count (STYLE.md §6.13): `lookup(b)` is the only place that decides
-whether b rows replay and at which padded size; it answers a prepared `ReplayPlan` or None
-("no graph: run eager"), and `run` as well as a caller that dispatches itself (a draft
-worker: `lookup`, then `replay` or its own eager path) trust that answer. A plan (the load
+whether b rows replay and at which padded size; it answers a value, a prepared `ReplayPlan` or
+a `Miss` naming why no graph serves b ("run eager"), and `run` as well as a caller that
+dispatches itself (a draft worker: `lookup`, then `replay_trusted` or its own eager path) trust
+that answer. A plan (the load
 plan with its views and checks, the graph, the size's usage counter) is built on b's first
 lookup and dropped on release, so a replay does one dict lookup, the exact-type checks, the
 copies, the replay and the output slices. Each replay is counted once, in the `SizeUsage`
@@ -24,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
@@ -39,11 +41,30 @@ from .spans import span, suppress_spans
 from .static import LoadPlan, PadValue, StaticInputs
 from .stats import CaptureRecord, ManagerStats, ReplayCounters, SizeStats, SizeUsage
 
-__all__ = ["GraphCaptureManager", "ReplayPlan", "StepOutput"]
+__all__ = ["GraphCaptureManager", "MISS_REASONS", "Miss", "ReplayPlan", "StepOutput"]
 
 logger = logging.getLogger(__name__)
 
 StepOutput = Tensor | tuple[Tensor, ...]
+
+MISS_REASONS = ("eager_backend", "above_max", "not_ready", "capture_failed", "eager_faster")
+"""Why `lookup` finds no graph: the backend is eager, b is above the largest capture size, its
+size's graph is still queued, its capture failed, or "auto" timed its replay slower than eager."""
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """`lookup`'s answer "no graph serves this batch: run the step eagerly", with the reason (one
+    of `MISS_REASONS` from the manager; a caller may name its own, e.g. "no_graphs")."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str) or not self.reason:
+            raise TypeError(f"reason={self.reason!r}: must be a non-empty str")
+
+
+_MISSES = {reason: Miss(reason) for reason in MISS_REASONS}  # one immutable value per reason
 
 
 class ReplayPlan:
@@ -154,7 +175,6 @@ class GraphCaptureManager:
         self._epoch = 0  # bumped by release(): a capture that began before it is discarded
         self._pending: set[int] = set()
         self._failed: dict[int, str] = {}
-        self.last_miss = ""  # why the latest lookup answered None
 
     # ---- properties -------------------------------------------------------------------
 
@@ -412,40 +432,39 @@ class GraphCaptureManager:
 
     # ---- dispatch and run -----------------------------------------------------------------
 
-    def lookup(self, b: int) -> ReplayPlan | None:
+    def lookup(self, b: int) -> ReplayPlan | Miss:
         """The one dispatch decision: the prepared plan that replays b rows (at the smallest
-        capture size >= b), or None when no graph serves b, with the reason in ``last_miss``:
-        "eager_backend", "above_max" (b above the largest size), "not_ready" (its graph is
-        still queued), "capture_failed" or "eager_faster" ("auto" timed its replay slower than the
-        eager step at capture); the caller then runs the step eagerly.
+        capture size >= b), or a `Miss` when no graph serves b, naming the reason: "eager_backend",
+        "above_max" (b above the largest size), "not_ready" (its graph is still queued),
+        "capture_failed" or "eager_faster" ("auto" timed its replay slower than the eager step at
+        capture); the caller then runs the step eagerly.
         RuntimeError before any capture (graph backends): replaying nothing is a bug, not a
         shape without a graph."""
         plan = self._plans.get(b)
         if plan is not None:
             return plan
         if self._backend_name == "eager":
-            self.last_miss = "eager_backend"
-            return None
+            return _MISSES["eager_backend"]
         if not (self._captured or self._started):
             raise RuntimeError(f"lookup(): backend {self._backend_name!r} has not captured yet; call capture() first")
         padded = padded_size(self._table, b)
         if padded is None:
-            self.last_miss = "above_max"
-            return None
+            return _MISSES["above_max"]
         graph = self._graphs.get(padded)
         if graph is None:  # incremental capture: not published (yet)
-            self.last_miss = "capture_failed" if padded in self._failed else "not_ready"
-            return None
+            return _MISSES["capture_failed" if padded in self._failed else "not_ready"]
         if getattr(graph, "prefer_eager", False):  # "auto": its replay timed slower than eager
-            self.last_miss = "eager_faster"
-            return None
+            return _MISSES["eager_faster"]
         plan = ReplayPlan(self._static.plan(b, padded), graph, self._counters.usage(padded), self._single_output)
         self._plans[b] = plan
         return plan
 
     def replay(self, plan: ReplayPlan, inputs: Mapping[str, Tensor], clone: bool = False) -> StepOutput:
         """Replay ``plan`` (from `lookup`) on ``inputs`` (name -> tensor [plan.b, ...]); the outputs
-        as `run` returns them. ValueError/TypeError for a batch the plan does not fit."""
+        as `run` returns them. ValueError/TypeError for a batch the plan does not fit (or a `Miss`
+        passed as the plan)."""
+        if type(plan) is not ReplayPlan:
+            raise TypeError(f"plan={plan!r}: must be a ReplayPlan (lookup answered no graph)")
         tensors = plan.load.match(inputs)
         if tensors is None:
             b = self._static.batch_size(inputs)
@@ -453,6 +472,13 @@ class GraphCaptureManager:
                 raise ValueError(f"inputs have {b} rows: the plan replays {plan.b} (call lookup({b}))")
             tensors = self._static.ordered(inputs)
         return self._replay(plan, tensors, clone)
+
+    def replay_trusted(self, plan: ReplayPlan, tensors: tuple[Tensor, ...]) -> StepOutput:
+        """Replay ``plan`` on ``tensors``, given in the static inputs' name order, that the caller
+        has checked at its entry (a draft worker): exactly [plan.b, *trailing] of each static
+        input's dtype, on its device. Nothing is checked here (one check per step: the
+        caller's); the outputs are `replay`'s with ``clone=False``."""
+        return self._replay(plan, tensors, False)
 
     def run(self, inputs: Mapping[str, Tensor], clone: bool = False) -> StepOutput:
         """Run a batch (name -> tensor [b, ...]) through the graph `lookup(b)` picks.
@@ -481,7 +507,7 @@ class GraphCaptureManager:
         """``run`` after the full input check: first runs of a size, eager, fallbacks, unusual batches."""
         b = self._static.batch_size(inputs)
         plan = self.lookup(b)
-        if plan is not None:
+        if type(plan) is ReplayPlan:
             return self._replay(plan, self._static.ordered(inputs), clone)
         if self._backend_name == "eager":
             self._counters.eager_runs += 1

@@ -13,7 +13,13 @@ fallback above the largest captured size, so an input gets the same answer or th
 on every path): topk_p float32 and topk_index int64, both [b, topk]; hidden_states [b,
 hidden_size] of the model's dtype; all on the worker's device; any strides; a step never
 records autograd history, whatever the grad mode (inputs that require grad and inference-mode
-tensors give the same answer).
+tensors give the same answer). They are checked once, at `draft_forward`'s entry: the graph
+manager replays the checked tensors as they are (`replay_trusted`), and the layers below
+trust them.
+
+Decisions travel as values: the manager's `lookup` answers a plan or a `Miss` naming its
+reason (counted per reason in the state's counts), and every result carries its layout
+(`DraftResult.layout`: the topology's constants for a static topology, None for a dynamic tree).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span
+from draftgraph.graphs import Miss, span
 
 from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
@@ -37,7 +43,8 @@ from .worker_base import EagleDraftWorkerBase, GraphStep
 
 __all__ = ["EagleDraftWorker"]
 
-STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")
+STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")  # the graph step's inputs, in this order
+NO_GRAPHS = Miss("no_graphs")  # the state has no replayable manager (see state.EAGER_REASONS)
 
 
 class EagleDraftWorker(EagleDraftWorkerBase):
@@ -108,7 +115,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         """(parent_list [b, 1+(S-1)k], top_scores_index [b, N-1], draft_tokens [b, N-1]).
 
         A static topology returns the static layout: parent_list [b, N-1] (width 0 for a
-        depth-1 tree), row views of the topology buffers up to their capacity. The state's
+        depth-1 tree), row views of the topology buffers up to their capacity, with its
+        ``layout`` (the buffers' `VerifyConstants`; None for a dynamic tree). The state's
         graph manager decides once (`lookup`) whether b replays and at which padded size; the
         outputs of a replay are views of graph memory, valid until the next step. Otherwise
         the step runs eagerly, under the same input rules (see the module docstring).
@@ -136,13 +144,15 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             self.last_state = state
             self.capture_queue.note_batch(b)
             graphs = state.replayable_graphs()
-            plan = graphs.lookup(b) if graphs is not None else None
-            if plan is not None:
+            found = graphs.lookup(b) if graphs is not None else NO_GRAPHS
+            if type(found) is not Miss:
                 if state.storage_guard is not None:
                     state.storage_guard.check()  # a replaced draft tensor: refused, never read stale
-                out = graphs.replay(plan, {"topk_p": topk_p, "topk_index": topk_index, "hidden_states": hidden})
-                return DraftResult(*out)
-            reason = graphs.last_miss if graphs is not None else "no_graphs"
+                # checked above (`_check_input`): the manager loads them as they are
+                out = graphs.replay_trusted(found, (topk_p, topk_index, hidden))
+                buf = state.static_buffers()
+                return DraftResult(*out, buf.layout if buf is not None else None)
+            reason = found.reason
             reasons = state.counts.eager_reasons
             reasons[reason] = reasons.get(reason, 0) + 1
             # the graph path reads contiguous copies: the eager path reads the same layout
@@ -154,10 +164,10 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     def _check_input(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
                      hidden: torch.Tensor | None) -> None:
-        """The one set of input rules, for every path: topk_p float32 and topk_index int64
-        [b, k] (same shape: checked by `unpack_draft_input`), hidden_states [b, H] of the
-        model's dtype, all on the worker's device. TypeError for a dtype, ValueError for a shape
-        or a device, naming the input."""
+        """The one set of input rules, for every path, and the step's only input check: topk_p
+        float32 and topk_index int64 [b, k] (same shape: checked by `unpack_draft_input`),
+        hidden_states [b, H] of the model's dtype, all on the worker's device. TypeError for a
+        dtype, ValueError for a shape or a device, naming the input."""
         k = state.spec.topk
         if topk_index.shape[1] != k:
             raise ValueError(
@@ -209,17 +219,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         counts = state.counts
         if buf is not None:
             tokens = self._static_tokens(buf, topk_index, hidden)
-            if b > buf.capacity:  # fresh copies of the constant rows (tagged, see topology)
+            if b > buf.capacity:  # fresh copies of the constant rows, the same layout
                 if count:
                     counts.capacity_fallbacks += 1
                     counts.tree_path_calls += 1
-                return DraftResult(*buf.copies(b), tokens)
+                return DraftResult(*buf.copies(b), tokens, buf.layout)
             if not count:
-                return DraftResult(*buf.view(b), tokens)
+                return DraftResult(*buf.view(b), tokens, buf.layout)
             counts.fast_path_hits += 1
             with span("organize_fast", bs=b):
                 parents, score_indices = buf.view(b)
-            return DraftResult(parents, score_indices, tokens)
+            return DraftResult(parents, score_indices, tokens, buf.layout)
         spec = state.spec
         lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
         if not count:

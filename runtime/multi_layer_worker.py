@@ -42,7 +42,8 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         """(parent_list [b, S or 0], top_scores_index [b, S], draft_tokens [b, S]).
 
         Fast path when the active state's chain buffers were built for its S, topk_index has S
-        columns and b <= capacity: row views of the buffers and topk_index itself.
+        columns and b <= capacity: row views of the buffers and topk_index itself, with the
+        chain's layout; otherwise SGLang's general organize (layout None, decoded with topk 1).
         """
         slot = self.slot
         if slot.pending is not None:
@@ -50,9 +51,10 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         topk_p, topk_index, (b, width) = checked_topk(draft_input)
         state = slot.active  # one read: a concurrent swap cannot mix two states
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)
-        views = chain_fast_views(state.chain_buffers, state.spec.num_steps, width, b, state.counts)
+        buf = state.chain_buffers
+        views = chain_fast_views(buf, state.spec.num_steps, width, b, state.counts)
         if views is not None:
-            return DraftResult(views[0], views[1], topk_index)
+            return DraftResult(views[0], views[1], topk_index, buf.layout)
         hidden = getattr(draft_input, "hidden_states", None)
         return self._draft_forward_organize(state.counts, topk_p, topk_index, hidden, state.spec.num_steps,
                                             state.spec.num_draft_tokens)

@@ -6,9 +6,9 @@ of b <= capacity rows gets views of the first b rows. A live graph may return or
 tensors: they are never written after construction, and `TopologyBufferCache.get` hands out the
 very same tensors for the same key while anyone (a state, a graph) still holds them.
 
-The organize outputs carry a tag (an attribute on the two base tensors) pointing at their
-`VerifyConstants`, so `build_tree` recognizes a static layout from the tensors alone and takes the
-constant route: no argument to pass, no host read, no lookup table.
+A worker returns a static layout's organize outputs with its `VerifyConstants` as the
+`DraftResult`'s ``layout`` value, and `build_tree(..., layout=...)` then takes the constant route:
+no host read, no lookup table, nothing inferred from the tensors.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ import torch
 from .tree_choices import StaticTopology
 from .validation import ConfigTypeError, require_positive_int
 
-__all__ = ["TopologyKey", "TopologyBuffers", "TopologyBufferCache", "VerifyConstants",
-           "Selector", "static_layout_of"]
-
-LAYOUT_TAG = "_draftgraph_layout"
+__all__ = ["TopologyKey", "TopologyBuffers", "TopologyBufferCache", "VerifyConstants", "Selector"]
 
 # A column/row selection: a slice (a view, no kernel) or a constant int64 index (index_select).
 Selector = slice | torch.Tensor
@@ -135,8 +132,6 @@ class TopologyBuffers:
         self.score_indices = torch.arange(topology.num_nodes, dtype=torch.long,
                                           device=dev).repeat(capacity, 1)
         self.verify = VerifyConstants(topology, capacity, dev)
-        for t in (self.parents, self.score_indices):
-            setattr(t, LAYOUT_TAG, self.verify)  # no reference back to self: no cycle
         self.first_columns = _selector(topology.first_columns, dev)
         self.first_feed = _selector(topology.first_feed, dev)
         self.first_rows = len(topology.first_feed)
@@ -173,6 +168,12 @@ class TopologyBuffers:
         return self.parents.device
 
     @property
+    def layout(self) -> VerifyConstants:
+        """The layout value of this topology's draft results (`DraftResult.layout`): its verify
+        constants, for the rows of `view` as well as of `copies`."""
+        return self.verify
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the organize outputs and the verify constants."""
         own = (self.parents.numel() + self.score_indices.numel()) * self.parents.element_size()
@@ -193,14 +194,9 @@ class TopologyBuffers:
         return found
 
     def copies(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh contiguous (parents, score_indices) of bs rows, any bs (above the capacity).
-
-        They carry the layout tag too, so `build_tree` decodes them as the static layout.
-        """
-        out = (self.parents[:1].expand(bs, -1).clone(), self.score_indices[:1].expand(bs, -1).clone())
-        for t in out:
-            setattr(t, LAYOUT_TAG, self.verify)
-        return out
+        """Fresh contiguous (parents, score_indices) of bs rows, any bs (above the capacity); their
+        layout is still `layout` (`build_tree` decodes them generally, with topk 1)."""
+        return self.parents[:1].expand(bs, -1).clone(), self.score_indices[:1].expand(bs, -1).clone()
 
     def __repr__(self) -> str:
         k = self.key
@@ -214,18 +210,6 @@ def _selector(index: tuple[int, ...] | None, device: torch.device) -> Selector |
     if index and list(index) == list(range(index[0], index[0] + len(index))):
         return slice(index[0], index[0] + len(index))
     return torch.tensor(index, dtype=torch.long, device=device)
-
-
-def static_layout_of(parent_list: torch.Tensor, top_scores_index: torch.Tensor
-                     ) -> VerifyConstants | None:
-    """The verify constants when both tensors are (views of) one topology's organize outputs."""
-    # torch's view base carries the tag (issue 29: the layout should travel as a value instead)
-    base = top_scores_index._base  # noqa: SLF001
-    found = getattr(top_scores_index if base is None else base, LAYOUT_TAG, None)
-    if found is None:
-        return None
-    base = parent_list._base  # noqa: SLF001
-    return found if getattr(parent_list if base is None else base, LAYOUT_TAG, None) is found else None
 
 
 class TopologyBufferCache:

@@ -26,11 +26,11 @@ parent and leave the node out of the retrieval tree (its mask row and position a
 way); ``negative_is_root=False`` gives the kernel's handling. SGLang's organize never writes a
 negative value outside slot 0, so on its outputs both agree.
 
-Static layouts (a chain, a static tree: DESIGN.md §8) are decoded with topk == 1. When
-parent_list and top_scores_index are the organize outputs of a topology's buffers (recognized
-by their tag, see `draftgraph.runtime.topology`), `build_tree` takes the constant route: parents,
-mask and retrieve arrays are row views of the topology's constants and only tokens (one cat)
-and positions = seq_len + depth (one add) are computed; the results equal the general route's.
+Static layouts (a chain, a static tree: DESIGN.md §8) are decoded with topk == 1. Given the
+draft result's ``layout`` (its topology's `VerifyConstants`, see `DraftResult`), `build_tree`
+takes the constant route: parents, mask and retrieve arrays are row views of the topology's
+constants and only tokens (one cat) and positions = seq_len + depth (one add) are computed; the
+results equal the general route's.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .topology import static_layout_of
+from .topology import VerifyConstants
 from .validation import require_positive_int
 
 __all__ = ["VerifyTree", "build_tree"]
@@ -76,6 +76,7 @@ def build_tree(
     num_draft_tokens: int,
     validate: bool = True,
     *,
+    layout: VerifyConstants | None = None,
     negative_is_root: bool = True,
 ) -> VerifyTree:
     """Build the verify tree: verified_id [b], parent_list [b, W] (W = 1+(S-1)k, or 0 for S == 1),
@@ -87,17 +88,22 @@ def build_tree(
     out of bounds. ``validate=True`` (one host sync) accepts every well-formed input (unsorted rows,
     any root slot value) and raises ValueError naming the request, the node and the rule for an
     index out of range, a parent that was not selected, a cycle, or a root-ward path longer than
-    ``num_steps``. Outputs of a static topology's buffers are recognized and take the constant
-    route (``topk`` is then 1 whatever is passed: the static layout's); a static layout that is not
-    recognized must be passed with topk=1 (``SpeculativeConfig.layout_topk``).
+    ``num_steps``.
+
+    ``layout`` is the draft result's (`DraftResult.layout`): None decodes the tensors with ``topk``
+    (a static layout passed without its layout needs topk=1, ``SpeculativeConfig.layout_topk``);
+    a static topology's `VerifyConstants` set ``topk`` and ``num_steps`` to the layout's (1 and
+    its depth) and, for b <= its capacity, take the constant route (parent_list and
+    top_scores_index are not read: pass a result's own layout only; no host sync, whatever
+    ``validate``). TypeError / ValueError for a layout that is not one, or not of N-1 nodes.
     """
     require_positive_int("topk", topk)
     require_positive_int("num_steps", num_steps)
     require_positive_int("num_draft_tokens", num_draft_tokens)
     b, m = _check_inputs(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
                          num_draft_tokens)
-    layout = static_layout_of(parent_list, top_scores_index)
-    if layout is not None and layout.num_nodes == m:
+    if layout is not None:
+        _check_layout(layout, m)
         if b <= layout.capacity:  # row views of the constants; only tokens and positions computed
             return _assemble(verified_id, draft_tokens, seq_lens, layout.depth, *layout.view(b))
         # copies above the capacity: the general route, as the static layout it is
@@ -148,6 +154,16 @@ def _check_inputs(verified_id: torch.Tensor, parent_list: torch.Tensor,
             f"verified_id {tuple(verified_id.shape)} / seq_lens {tuple(seq_lens.shape)}: must be [{b}]"
         )
     return b, m
+
+
+def _check_layout(layout: object, m: int) -> None:
+    """A layout is a VerifyConstants of N-1 = ``m`` nodes (a caller's mix-up, named)."""
+    if not isinstance(layout, VerifyConstants):
+        raise TypeError(f"layout={type(layout).__name__}: must be a VerifyConstants (a DraftResult's "
+                        f"layout) or None")
+    if layout.num_nodes != m:
+        raise ValueError(f"layout has {layout.num_nodes} nodes: top_scores_index has {m} columns "
+                         f"(N-1); pass the layout of the result these tensors come from")
 
 
 def _assemble(verified_id: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: torch.Tensor,

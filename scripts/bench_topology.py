@@ -65,7 +65,7 @@ def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
         def run() -> Any:
             parents, indices = buf.view(b)  # the whole static organize
             return build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, s, n,
-                              validate=False)
+                              validate=False, layout=buf.layout)
     else:
         lists = worker._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
 

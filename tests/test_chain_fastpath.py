@@ -48,8 +48,10 @@ def test_fast_path_equals_general_path(b, s, seed):
         assert got[0].untyped_storage().data_ptr() == buf.parents.untyped_storage().data_ptr()
         assert got[1].untyped_storage().data_ptr() == buf.score_indices.untyped_storage().data_ptr()
         assert got[2] is inp.topk_index
+        assert got.layout is buf.layout  # the chain's constants travel with the views
     else:
         assert worker.counters.capacity_fallbacks == 1 and worker.counters.tree_path_calls == 1
+        assert got.layout is None  # SGLang's general organize: decoded with topk 1
         assert got[1].untyped_storage().data_ptr() != buf.score_indices.untyped_storage().data_ptr()
 
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 import draftgraph.graphs.manager as manager_module
-from draftgraph.graphs import GraphCaptureManager, ReplayCounters, record_spans
+from draftgraph.graphs import (
+    MISS_REASONS,
+    GraphCaptureError,
+    GraphCaptureManager,
+    Miss,
+    ReplayCounters,
+    ReplayPlan,
+    record_spans,
+)
 from draftgraph.runtime import (
     CudaGraphConfig,
     DraftResult,
@@ -82,22 +90,46 @@ def test_padding_is_decided_once_per_batch_size(monkeypatch):
     assert calls == [3, 6, 6]  # "no graph" is not cached, but still decided once per step
 
 
-def test_lookup_answers_a_plan_or_none():
+def test_lookup_answers_a_plan_or_a_miss_with_its_reason():
     static = {"x": torch.zeros(4, 2)}
     m = GraphCaptureManager(lambda x: x * 2, static, [2, 4], backend="trace")
     with pytest.raises(RuntimeError, match="capture"):
         m.lookup(1)
     m.capture()
     plan = m.lookup(3)
-    assert plan is not None and (plan.b, plan.padded) == (3, 4)
-    assert m.lookup(3) is plan and m.lookup(5) is None
+    assert isinstance(plan, ReplayPlan) and (plan.b, plan.padded) == (3, 4)
+    assert m.lookup(3) is plan and m.lookup(5) == Miss("above_max")
     out = m.replay(plan, {"x": torch.ones(3, 2)})
     assert torch.equal(out, torch.full((3, 2), 2.0))
     with pytest.raises(ValueError, match="plan replays 3"):
         m.replay(plan, {"x": torch.ones(2, 2)})
+    with pytest.raises(TypeError, match="must be a ReplayPlan"):
+        m.replay(m.lookup(5), {"x": torch.ones(5, 2)})
+    # the trusted entry (a caller that checked its inputs) replays the same graph
+    assert torch.equal(m.replay_trusted(plan, (torch.full((3, 2), 3.0),)), torch.full((3, 2), 6.0))
     eager = GraphCaptureManager(lambda x: x * 2, static, [2, 4], backend="eager")
     eager.capture()
-    assert eager.lookup(1) is None
+    assert eager.lookup(1) == Miss("eager_backend")
+
+
+def test_every_miss_reason_is_answered_as_a_value():
+    def step(x):
+        if x.shape[0] == 2:
+            raise RuntimeError("no recording at size 2")
+        return x + 1
+
+    m = GraphCaptureManager(step, {"x": torch.zeros(4, 2)}, [2, 4], backend="trace")
+    m.begin()
+    assert m.lookup(1) == Miss("not_ready") and m.lookup(5) == Miss("above_max")
+    m.capture_size(4)
+    with pytest.raises(GraphCaptureError):
+        m.capture_size(2)
+    assert m.lookup(1) == Miss("capture_failed") and isinstance(m.lookup(3), ReplayPlan)
+    assert not hasattr(m, "last_miss")  # the reason travels in the answer only
+    assert {Miss(r).reason for r in MISS_REASONS} == {
+        "eager_backend", "above_max", "not_ready", "capture_failed", "eager_faster"}
+    with pytest.raises(TypeError, match="reason"):
+        Miss("")
 
 
 def test_replay_counts_survive_release_and_a_shared_counter():

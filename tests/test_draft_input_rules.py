@@ -195,3 +195,35 @@ def test_the_manager_records_no_history_on_any_path(backend):
             y = torch.randn(b, 3)
         assert torch.equal(mgr.run({"x": y}, clone=True), step(y.clone()))
     assert not mgr.static_inputs["x"].requires_grad
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_the_worker_entry_is_the_only_input_check(monkeypatch, spec):
+    """Issue 29: a replay from the worker checks its input once, at the worker's entry; the
+    manager and its static rows trust it (their checks stay for `run` / `replay` callers)."""
+    from draftgraph.graphs import static as static_module
+
+    args = RuntimeArgs(SPECS[spec], CudaGraphConfig(PhaseGraphConfig(bs=SIZES)), max_running_requests=8)
+    worker = EagleDraftWorker(args, TinyDraftModel(hidden_size=H))
+    worker.capture_graphs("trace")
+    ref = EagleDraftWorker(args, TinyDraftModel(hidden_size=H))
+    calls = []
+
+    def recorded(name, original):
+        def wrapper(*a, **k):
+            calls.append(name)
+            return original(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(static_module.LoadPlan, "match", recorded("match", static_module.LoadPlan.match))
+    monkeypatch.setattr(static_module.StaticInputs, "batch_size",
+                        recorded("batch_size", static_module.StaticInputs.batch_size))
+    k = SPECS[spec].topk
+    for b in (1, 3, 4, 3):
+        inp = make_draft_input(b, k, hidden_size=H, seed=b)
+        assert all(torch.equal(g, w) for g, w in zip(_run(worker, inp), _run(ref, inp)))
+    assert worker.counters.graph_replays == 4 and calls == []
+    with pytest.raises(TypeError, match="topk_index has dtype torch.int32"):  # still refused, at the entry
+        worker.draft_forward(DraftInput(inp.topk_p, inp.topk_index.int(), inp.hidden_states))
+    worker.state.graphs.run({"topk_p": inp.topk_p, "topk_index": inp.topk_index, "hidden_states": inp.hidden_states})
+    assert calls == ["match"]  # the manager's own entry keeps its check

@@ -138,16 +138,18 @@ def test_build_tree_constant_route_equals_general(tree, b, seed):
     spec = SpeculativeConfig(depth, 4, tree_choices=choices)
     w = worker_for(spec)
     inp = draft_input(b, 4, seed)
-    parents, indices, tokens = w.draft_forward(inp)
+    result = w.draft_forward(inp)
+    parents, indices, tokens = result
+    assert result.layout is w.topology_buffers.verify  # views and copies above the capacity alike
     gen = torch.Generator().manual_seed(seed)
     verified = torch.randint(0, V, (b,), generator=gen)
     seq_lens = torch.randint(0, 100, (b,), generator=gen, dtype=torch.int32)
     n = spec.num_draft_tokens
     with _Count() as counter:
-        fast = build_tree(verified, parents, indices, tokens, seq_lens, spec.topk, depth, n)
-    # untagged copies decode through the general route (topk=1: the static layout)
-    slow = build_tree(verified, parents.clone(), indices.clone(), tokens, seq_lens,
-                      spec.layout_topk, depth, n)
+        fast = build_tree(verified, parents, indices, tokens, seq_lens, spec.topk, depth, n,
+                          layout=result.layout)
+    # without the layout: the general route (topk=1: the static layout)
+    slow = build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, depth, n)
     for name in FIELDS:
         assert_same(getattr(fast, name), getattr(slow, name), name)
     if b <= CAPACITY:
@@ -226,7 +228,9 @@ def test_worker_tokens_equal_brute_force_graph(choices):
     for b in (1, 3, 4, 5):
         inp = draft_input(b, 4, seed=b)
         replays = w.counters.graph_replays
-        got = [t.clone() for t in w.draft_forward(inp)]
+        result = w.draft_forward(inp)
+        assert result.layout is w.topology_buffers.layout  # from a replay (b <= 4) and eager alike
+        got = [t.clone() for t in result]
         assert w.counters.graph_replays == replays + (1 if b <= 4 else 0)
         assert_same(got[2], brute_force(choices, inp), f"b={b} tokens")
         assert torch.equal(got[0], w.topology_buffers.parents[:1].expand(b, -1))
@@ -336,15 +340,44 @@ def test_cuda_graph_static_tree(choices):
     cpu_model = MODEL
     for b in (1, 3, 4, 5):
         inp = draft_input(b, 4, seed=b, device="cuda")
-        parents, indices, tokens = w.draft_forward(inp)
+        result = w.draft_forward(inp)
+        parents, indices, tokens = result
+        assert result.layout is w.topology_buffers.verify  # graph replay (b <= 4) and eager
         cpu_inp = DraftInput(*(t.cpu() for t in (inp.topk_p, inp.topk_index, inp.hidden_states)))
         assert torch.equal(tokens.cpu(), brute_force(choices, cpu_inp, cpu_model))
         seq = torch.full((b,), 5, device="cuda")
         fast = build_tree(inp.topk_index[:, 0], parents, indices, tokens, seq, 4, depth,
-                          spec.num_draft_tokens)
-        slow = build_tree(inp.topk_index[:, 0], parents.clone(), indices.clone(), tokens, seq, 1,
+                          spec.num_draft_tokens, layout=result.layout)
+        slow = build_tree(inp.topk_index[:, 0], parents, indices, tokens, seq, 1,
                           depth, spec.num_draft_tokens)
         for name in FIELDS:
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         if b <= 4:
             assert fast.tree_mask.data_ptr() == w.topology_buffers.verify.tree_mask.data_ptr()
+
+
+def test_build_tree_refuses_a_layout_of_another_tree():
+    """The layout is an argument now: one of the wrong size or type is named, never ignored."""
+    spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
+    w = worker_for(spec)
+    result = w.draft_forward(draft_input(2, 4, seed=0))
+    chain5 = worker_for(SpeculativeConfig(5, 1)).topology_buffers.layout  # 5 nodes
+    args = (torch.tensor([1, 2]), *result, torch.tensor([5, 6]), 1, 2, spec.num_draft_tokens)
+    with pytest.raises(ValueError, match=r"layout has 5 nodes: top_scores_index has 3 columns"):
+        build_tree(*args, layout=chain5)
+    with pytest.raises(TypeError, match="layout=TopologyBuffers: must be a VerifyConstants"):
+        build_tree(*args, layout=w.topology_buffers)
+
+
+def test_draft_result_unpacks_as_sglang_s_three_tensors():
+    spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
+    w = worker_for(spec)
+    result = w.draft_forward(draft_input(2, 4, seed=0))
+    parents, indices, tokens = result
+    fields = (result.parent_list, result.top_scores_index, result.draft_tokens)
+    assert all(a is b for a, b in zip((parents, indices, tokens), fields, strict=True))
+    assert all(a is b for a, b in zip(result[:], fields, strict=True)) and len(result) == 3
+    assert result[0] is parents and result[-1] is tokens
+    assert result.layout is w.topology_buffers.layout
+    with pytest.raises(AttributeError):
+        result.layout = None  # frozen: the layout travels with the tensors it describes

@@ -1,0 +1,55 @@
+"""`no_host_sync()`: fail when the code inside reads a device value on the host.
+
+Three nets, from the Python surface down: `HostSyncGuard` (draftgraph's capture guard: ``.item()``,
+``.tolist()``, ``bool(t)``, ``int(t)``, ..), a dispatch mode that sees every aten op (the scalar
+read `HOST_SYNC_OP` however it is reached, and the ops whose output shape depends on values,
+which sync on CUDA), and on CUDA torch's own sync debug mode ("error": any synchronizing call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from draftgraph.graphs.hostsync import HOST_SYNC_OP, HostSyncGuard
+
+# aten ops that read values on the host: the scalar read, and outputs sized by values
+SYNC_OPS = frozenset({HOST_SYNC_OP, "aten.nonzero", "aten.masked_select", "aten._unique2",
+                      "aten.unique_consecutive", "aten.unique_dim"})
+
+
+class _SyncOps(TorchDispatchMode):
+    """Records every aten op of ``SYNC_OPS`` that runs inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name in SYNC_OPS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def no_host_sync(cuda: bool | None = None) -> Iterator[None]:
+    """Raise AssertionError (or HostSyncGuard's GraphCaptureError, at the read) when the block
+    reads a device value on the host. ``cuda``: also torch's CUDA sync debug mode (default: when a
+    CUDA device is available)."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    ops = _SyncOps()
+    before = torch.cuda.get_sync_debug_mode() if cuda else 0
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with HostSyncGuard(0), ops:
+            yield
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode(before)
+    assert not ops.seen, f"host syncs inside the block: {ops.seen}"
