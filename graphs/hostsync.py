@@ -10,13 +10,13 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import GraphCaptureError
 
-__all__ = ["HOST_SYNC_OP", "HostSyncGuard", "host_sync_message"]
+__all__ = ["HOST_SYNC_METHODS", "HOST_SYNC_OP", "HostSyncGuard", "host_sync_message"]
 
 HOST_SYNC_OP = "aten._local_scalar_dense"
 """The aten op every scalar read from a tensor goes through."""
 
 _T = torch.Tensor
-_SYNC_METHODS: dict[Callable[..., Any], str] = {
+HOST_SYNC_METHODS: dict[Callable[..., Any], str] = {
     _T.item: "Tensor.item",
     _T.tolist: "Tensor.tolist",
     _T.__bool__: "Tensor.__bool__",
@@ -26,6 +26,7 @@ _SYNC_METHODS: dict[Callable[..., Any], str] = {
     _T.__complex__: "Tensor.__complex__",
     _T.numpy: "Tensor.numpy",
 }
+"""The Python-level calls that read a tensor's values on the host, by the name errors use."""
 
 
 def host_sync_message(op: str, size: int) -> str:
@@ -56,7 +57,7 @@ class HostSyncGuard(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        op = _SYNC_METHODS.get(func)
+        op = HOST_SYNC_METHODS.get(func)
         if op is not None:
             raise GraphCaptureError(host_sync_message(op, self._size), size=self._size)
         return func(*args, **(kwargs or {}))

@@ -33,6 +33,8 @@ class DraftResult:
     top_scores_index: torch.Tensor
     draft_tokens: torch.Tensor
     layout: VerifyConstants | None = None
+    replayed_at: int | None = None
+    eager_reason: str | None = None
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.parent_list, self.top_scores_index, self.draft_tokens))

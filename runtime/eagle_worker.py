@@ -24,6 +24,7 @@ reason (counted per reason in the state's counts), and every result carries its 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -151,16 +152,16 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                 # checked above (`_check_input`): the manager loads them as they are
                 out = graphs.replay_trusted(found, (topk_p, topk_index, hidden))
                 buf = state.static_buffers()
-                return DraftResult(*out, buf.layout if buf is not None else None)
+                return DraftResult(*out, buf.layout if buf is not None else None, replayed_at=found.load.padded)
             reason = found.reason
             reasons = state.counts.eager_reasons
             reasons[reason] = reasons.get(reason, 0) + 1
             # the graph path reads contiguous copies: the eager path reads the same layout
             topk_p, topk_index, hidden = topk_p.contiguous(), topk_index.contiguous(), hidden.contiguous()
             if graphs is None:
-                return self.draft_step(state, topk_p, topk_index, hidden)
+                return replace(self.draft_step(state, topk_p, topk_index, hidden), eager_reason=reason)
             with span("eager_fallback", bs=b, reason=reason):
-                return self.draft_step(state, topk_p, topk_index, hidden)
+                return replace(self.draft_step(state, topk_p, topk_index, hidden), eager_reason=reason)
 
     def _check_input(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
                      hidden: torch.Tensor | None) -> None:

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from draftgraph.graphs.hostsync import HOST_SYNC_OP, HostSyncGuard
+from draftgraph.graphs.hostsync import HOST_SYNC_METHODS, HOST_SYNC_OP, HostSyncGuard
 
 # aten ops that read values on the host: the scalar read, and outputs sized by values
 SYNC_OPS = frozenset({HOST_SYNC_OP, "aten.nonzero", "aten.masked_select", "aten._unique2",
@@ -53,3 +54,34 @@ def no_host_sync(cuda: bool | None = None) -> Iterator[None]:
         if cuda:
             torch.cuda.set_sync_debug_mode(before)
     assert not ops.seen, f"host syncs inside the block: {ops.seen}"
+
+
+class _SyncCalls(TorchFunctionMode):
+    """Records every Python-level host read (``.tolist()``, ``.item()``, ``int(t)``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = HOST_SYNC_METHODS.get(func)
+        if name is not None:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def count_host_syncs() -> Iterator[list[str]]:
+    """Yields a list that holds, once the block ends, one entry per host read inside it: the
+    Python-level reads (``Tensor.tolist``, ``Tensor.__int__``, ...) and the aten ops of
+    ``SYNC_OPS`` reached otherwise (a ``.tolist()`` is one read however many values it returns)."""
+    calls, ops = _SyncCalls(), _SyncOps()
+    found: list[str] = []
+    with calls, ops:
+        yield found
+    scalar_reads = sum(1 for s in ops.seen if s == HOST_SYNC_OP)
+    python_reads = len(calls.seen)
+    found.extend(calls.seen)
+    # a Python-level read reaches the scalar op too (item, int): count the op only beyond those
+    found.extend([HOST_SYNC_OP] * max(0, scalar_reads - python_reads))
+    found.extend(s for s in ops.seen if s != HOST_SYNC_OP)

@@ -103,11 +103,16 @@ def test_a_window_of_five_steps_gives_five_step_ranges_with_their_stages(tmp_pat
     for e in steps:
         inner = _inside(e, ranges)
         assert "draft" in inner and "verify" in inner
-        assert set(inner) <= {*STAGES, "organize_fast", "eager_run", "eager_fallback", "replay"}
-        assert "bs=4" in e["name"] and "S=3,topk=1,N=4" in e["name"] and "mode=eager" in e["name"]
+        assert set(inner) <= {*STAGES, "organize_fast", "eager_run", "eager_fallback", "replay", "served"}
+        served = [r["name"] for r in ranges if r["name"].startswith("served[") and _within(r, e)]
+        assert served == ["served[bs=4,S=3,topk=1,N=4,mode=eager,reason=no_graphs]"]
     # nothing outside the window: every range lies in one of the step ranges
     assert all(any(s["ts"] <= e["ts"] <= s["ts"] + s["dur"] for s in steps) for e in ranges)
     assert summary["steps_recorded"] == 5 and summary["trace_bytes"] < 5 * 4096
+
+
+def _within(inner: dict, outer: dict) -> bool:
+    return outer["ts"] <= inner["ts"] <= outer["ts"] + outer["dur"]
 
 
 def test_two_windows_give_both_and_nothing_between(tmp_path, nvtx_off) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs.spans import span, spans_active
 from draftgraph.runtime import DraftResult, VerifyTree, build_tree
 
 from ..models.greedy import prefill
@@ -78,6 +79,8 @@ class StepPipeline:
         if num_steps:
             with st.timed("draft"):
                 draft = self.drafter.draft(self.slots, batch)
+        if spans_active():
+            _served_range(batch.size, spec, num_steps, draft)
         with st.timed("build_tree"):
             tree = self.tree(batch, draft, spec, n)
         with st.timed("verify"):
@@ -100,7 +103,7 @@ class StepPipeline:
             return root_only_tree(batch.bonus, batch.lens)
         parent_list, top_idx, draft_tokens = draft
         return build_tree(batch.bonus, parent_list, top_idx, draft_tokens, batch.lens, spec.layout_topk,
-                          spec.num_steps, n, validate=False)
+                          spec.num_steps, n, validate=False, layout=draft.layout)
 
     def verify(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One target forward over every request's N tree tokens (K/V written at seq_len + node):
@@ -125,3 +128,19 @@ class StepPipeline:
             r.accepted += len(toks)
             emitted += r.emit(toks, self.eos_id)
         return emitted
+
+
+def _served_range(b: int, spec: Any, num_steps: int, draft: DraftResult | None) -> None:
+    """A zero-length ``served`` range inside the ``step`` range, opened once the step's dispatch
+    is known: ``served[bs=4,S=3,topk=1,N=4,mode=graph,padded=4]``, ``...,mode=eager,reason=not_ready``
+    or ``served[bs=9,S=0,mode=target_only]`` (what ran, never a forecast)."""
+    if draft is None:
+        attrs: dict[str, Any] = {"bs": b, "S": 0, "mode": "target_only"}
+    else:
+        attrs = {"bs": b, "S": num_steps, "topk": spec.topk, "N": spec.num_draft_tokens}
+        if draft.replayed_at is not None:
+            attrs.update(mode="graph", padded=draft.replayed_at)
+        else:
+            attrs.update(mode="eager", reason=draft.eager_reason or "no_graphs")
+    with span("served", **attrs):
+        pass

@@ -4,8 +4,8 @@ Windows. `parse_profile_steps` reads ``A-B[,C-D...]`` (inclusive, engine steps c
 ``simulate --profile-steps`` takes it); `check_windows` validates windows given as pairs.
 
 The step. `engine_step` is what `SpecDecodeEngine.step` runs: the step's index, the ``step`` range
-(when a profiler, NVTX or a span tracer listens; attributes from `step_attrs`) and the attached
-profiler's window hooks.
+(``step[i=..]``, when a profiler, NVTX or a span tracer listens; the pipeline opens a ``served``
+range inside it once the dispatch is known) and the attached profiler's window hooks.
 
 A run. ``profiled(out_dir)`` wraps any code under the torch profiler with draftgraph's spans on;
 ``profile_run(step_fn, steps, out_dir)`` profiles a number of calls (``scripts/profile_session.py``
@@ -60,7 +60,7 @@ from draftgraph.graphs.spans import record_spans, span, span_label, spans_active
 from .profile_report import base_name, range_table, step_stages, trace_ranges, write_stage_plot
 
 __all__ = ["MAX_OPS_STEPS", "STAGES_PLOT", "TRACE_FILE", "StepProfiler", "Window", "check_windows",
-           "engine_step", "parse_profile_steps", "profile_run", "profile_steps", "profiled", "step_attrs"]
+           "engine_step", "parse_profile_steps", "profile_run", "profile_steps", "profiled"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,22 +111,6 @@ def check_windows(windows: Sequence[Sequence[int]], name: str = "windows") -> tu
     return tuple(out)
 
 
-def step_attrs(engine: Any, index: int) -> dict[str, Any]:
-    """The ``step`` range's attributes, as planned when the step starts: its index, the batch
-    (running requests plus those admission can take), the active state's S / topk / N, and
-    ``graph`` when that state has a ready graph for the batch, else ``eager``."""
-    spec = engine.worker.spec
-    bs = engine.next_batch_size()
-    graphs = engine.worker.state.graphs
-    mode = "eager"
-    if graphs is not None and bs:
-        padded = graphs.padded_size(bs)
-        if padded is not None and graphs.captured_graph(padded) is not None:
-            mode = "graph"
-    return {"i": index, "bs": bs, "S": spec.num_steps, "topk": spec.topk,
-            "N": spec.num_draft_tokens, "mode": mode}
-
-
 def engine_step(engine: Any, body: Callable[[], list[int]]) -> list[int]:
     """Run one engine step ``body()`` as step ``engine.step_index`` (then advanced): inside a
     ``step`` range when anything listens, between the attached profiler's window hooks."""
@@ -139,7 +123,7 @@ def engine_step(engine: Any, body: Callable[[], list[int]]) -> list[int]:
     # raises (it should not: `StepProfiler` logs and counts its own write failures) is logged
     try:
         if spans_active():
-            with span("step", **step_attrs(engine, index)):
+            with span("step", i=index):
                 out = body()
         else:
             out = body()
