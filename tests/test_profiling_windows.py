@@ -55,7 +55,7 @@ def _inside(outer: dict, events: list[dict]) -> list[str]:
 
 
 def _step_index(label: str) -> int:
-    return int(label.split("[", 1)[1].split(",")[0].removeprefix("i="))
+    return int(label.split("[", 1)[1].rstrip("]").split(",")[0].removeprefix("i="))
 
 
 def test_parse_profile_steps_reads_windows() -> None:
