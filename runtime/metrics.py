@@ -63,7 +63,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_spec_decode_accepted_tokens_per_pos": (
         "counter", "Drafts whose draft token at this position (0-based) was accepted."),
     "draftgraph_spec_decode_mean_acceptance_length": (
-        "gauge", "1 + accepted tokens / drafts: tokens committed per request per verify step."),
+        "gauge", "1 + accepted tokens / drafts: tokens committed per request per verify step that drafted."),
     "draftgraph_engine_steps": ("counter", "Engine steps that verified a batch."),
     "draftgraph_tokens_generated": ("counter", "Tokens emitted to requests."),
     "draftgraph_requests_finished": ("counter", "Requests that finished (length or end of sequence)."),

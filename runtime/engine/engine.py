@@ -207,18 +207,14 @@ class SpecDecodeEngine:
         return self.requests.result(rid)
 
     def pop_result(self, rid: int) -> list[int] | None:
-        """Take the tokens of ended request ``rid`` (finished, or aborted: its tokens so far);
-        the engine then forgets it. None while it is waiting or running. RequestFailed (the
-        cause chained) for a failed request, which is then forgotten too; KeyError for an
-        unknown id or one already taken."""
+        """Take the tokens of ended request ``rid`` (then forgotten); None while it is live;
+        RequestFailed (cause chained) for a failed one; KeyError for an unknown or taken id."""
         return self.requests.pop_result(rid)
 
     def abort_request(self, rid: int) -> bool:
-        """Stop request ``rid`` at the next step boundary: a waiting one is never admitted, a
-        running one frees its slot (and K/V rows); its tokens so far stay for `pop_result`.
-        True when it was waiting or running, False when it had already ended; KeyError for an
-        unknown or taken id. Safe from another thread, also against a request ending at that
-        moment (False: already finished)."""
+        """Stop ``rid`` at the next step boundary (its tokens so far stay for `pop_result`): True
+        when it was live, False when it had already ended; KeyError for an unknown or taken id.
+        Safe from another thread, also against a request ending at that moment."""
         return self.requests.abort(rid)
 
     def has_work(self) -> bool:
@@ -235,9 +231,8 @@ class SpecDecodeEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[int]:
-        """One engine step; returns the ids of requests that ended in it (finished, aborted or
-        failed: take them with `pop_result`). A ``step`` range (profiling.py) holds one
-        range per stage of ``stats()["stage_s"]``."""
+        """One engine step; returns the ids of requests that ended in it (take them with
+        `pop_result`). A ``step`` range (profiling.py) holds one range per stage."""
         slot = self.worker.slot
         slot.enter_step()  # reloads of our worker may run in this thread, now
         try:
@@ -303,8 +298,7 @@ class SpecDecodeEngine:
         return self.report.startup()
 
     def close(self, timeout_s: float | None = 60.0) -> bool:
-        """Stop background capture (waiting up to ``timeout_s``, never longer, for a unit in
-        progress; pending units are cancelled, counted failed); the engine keeps serving, eager
-        where graphs are missing. True when no capture runs any more; False (and a warning)
-        when a unit still runs after the timeout: its daemon thread is left behind."""
+        """Stop background capture (`EagleDraftWorkerBase.stop_capture`: pending units
+        cancelled, a unit in progress waited for up to ``timeout_s``); the engine keeps serving,
+        eager where graphs are missing. False (and a warning) when a unit still runs."""
         return self.worker.stop_capture(timeout_s)
