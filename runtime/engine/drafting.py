@@ -14,6 +14,7 @@ import torch
 
 from draftgraph.runtime import (
     DraftInput,
+    DraftResult,
     EagleDraftWorker,
     MultiLayerEagleDraftWorker,
     RuntimeArgs,
@@ -27,7 +28,6 @@ from .verify import Acceptance
 __all__ = ["EagleDrafter", "MultiLayerDrafter", "KEEP_TOPK"]
 
 KEEP_TOPK = 8  # candidates kept per request: a reload may raise topk up to this
-DraftResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _causal_mask(lens: torch.Tensor, t: int, lk: int) -> torch.Tensor:

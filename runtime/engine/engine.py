@@ -555,12 +555,12 @@ class SpecDecodeEngine:
         dev = self.cache.k[0].device
         if not off:
             with st.timed("draft"):
-                parent_list, top_idx, draft_tokens = self.drafter.draft(reqs)
+                drafted = self.drafter.draft(reqs)
         with st.timed("build_tree"):
             lens = torch.tensor([r.seq_len for r in reqs], device=dev)
             bonus = torch.tensor([r.bonus for r in reqs], device=dev)
             tree = _root_only_tree(bonus, lens) if off else build_tree(
-                bonus, parent_list, top_idx, draft_tokens, lens, spec.layout_topk, spec.num_steps, n)
+                bonus, *drafted, lens, spec.layout_topk, spec.num_steps, n, layout=drafted.layout)
         with st.timed("verify"):
             slots = torch.tensor([r.slot for r in reqs], device=dev)
             write = lens[:, None] + torch.arange(n, device=dev)[None]
