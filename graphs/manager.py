@@ -12,11 +12,11 @@ One decision, one count (STYLE.md §6.13): `lookup(b)` is the only place that de
 whether b rows replay and at which padded size; it answers a value, a prepared `ReplayPlan` or
 a `Miss` naming why no graph serves b ("run eager"), and `run` as well as a caller that
 dispatches itself (a draft worker: `lookup`, then `replay_trusted` or its own eager path) trust
-that answer. A plan (the load
-plan with its views and checks, the graph, the size's usage counter) is built on b's first
-lookup and dropped on release, so a replay does one dict lookup, the exact-type checks, the
-copies, the replay and the output slices. Each replay is counted once, in the `SizeUsage`
-of its padded size; the totals in `stats` are sums of those.
+that answer. A plan (the load plan with its views and checks, the graph, the size's usage
+counter) is built on b's first lookup and dropped on release, so a replay does one dict lookup,
+the exact-type checks (none through `replay_trusted`), the copies, the replay and the output
+slices. Each replay is counted once, in the `SizeUsage` of its padded size; the totals in
+`stats` are sums of those.
 """
 
 from __future__ import annotations

@@ -265,8 +265,8 @@ def test_a_fault_inside_the_step_loses_nothing(site, exc, backend, monkeypatch):
     if site == "draft":
         monkeypatch.setattr(engine.drafter, "draft", fault(engine.drafter.draft))
     elif site == "replay":
-        graphs = engine.worker.state.graphs
-        monkeypatch.setattr(graphs, "replay", fault(graphs.replay))
+        graphs = engine.worker.state.graphs  # the worker replays its checked input through it
+        monkeypatch.setattr(graphs, "replay_trusted", fault(graphs.replay_trusted))
     elif site == "verify":  # the target's verify forward (not a prefill: there write is pos)
         engine.pipeline.target = _Target(engine.pipeline.target, fault)
     else:
