@@ -6,8 +6,11 @@ They read values on the host, so they run only in debug mode and never inside a 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
+
+from .draft_rows import named_leaves
 
 __all__ = ["debug_checks_enabled", "check_draft_values"]
 
@@ -22,9 +25,10 @@ def _first_bad_row(bad: torch.Tensor) -> int:
 
 
 def check_draft_values(topk_p: torch.Tensor, topk_index: torch.Tensor,
-                       hidden: torch.Tensor | None, vocab_size: int | None) -> None:
+                       hidden: Any, vocab_size: int | None) -> None:
     """Token ids in [0, vocab_size) (>= 0 when the vocabulary is unknown), no NaN in topk_p or
-    hidden_states; raises ValueError naming the field and the first bad request row."""
+    hidden_states (each float leaf of named rows); raises ValueError naming the field and the
+    first bad request row."""
     high = vocab_size if vocab_size is not None else None
     bad = topk_index < 0 if high is None else (topk_index < 0) | (topk_index >= high)
     if bool(bad.any()):
@@ -32,7 +36,7 @@ def check_draft_values(topk_p: torch.Tensor, topk_index: torch.Tensor,
         rule = f"[0, {high})" if high is not None else ">= 0"
         raise ValueError(f"draft_input.topk_index row {row} = {topk_index[row].tolist()}: "
                          f"token ids must be in {rule}")
-    for name, t in (("topk_p", topk_p), ("hidden_states", hidden)):
+    for name, t in (("topk_p", topk_p), *named_leaves(hidden)):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             nan = torch.isnan(t)
             if bool(nan.any()):

@@ -14,16 +14,17 @@ __all__ = ["DraftInput", "checked_topk", "unpack_draft_input"]
 class DraftInput:
     """Top-k of the last target/draft forward and its hidden states.
 
-    EagleDraftWorker: topk_p, topk_index [b, k], hidden_states [b, H].
+    EagleDraftWorker: topk_p, topk_index [b, k], hidden_states [b, H] (or the draft model's
+    named rows, a NamedTuple of tensors [b, ...]: `runtime.draft_rows`).
     MultiLayerEagleDraftWorker (a chain drafted by S layers at once): topk_p, topk_index [b, S].
     """
 
     topk_p: torch.Tensor
     topk_index: torch.Tensor
-    hidden_states: torch.Tensor | None = None
+    hidden_states: torch.Tensor | tuple[torch.Tensor, ...] | None = None
 
 
-def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def unpack_draft_input(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """(topk_p, topk_index, hidden_states) of any object with those attributes, checked:
     topk_p and topk_index 2-D tensors of one shape [b, *] with b >= 1."""
     topk_p, topk_index, _ = checked_topk(draft_input)

@@ -8,10 +8,16 @@ inside a captured graph the organize stage adds no node; dynamic trees (topk > 1
 tree_choices) take the general select/organize path. What must stay outside the graph: input
 validation, state selection, counters and spans (they run on the host per call).
 
+The per-row draft state (``hidden_states``) is one tensor [b, hidden_size] (SGLang's form), or,
+for a model with ``row_template(rows, device)``, that NamedTuple of named tensors (slot and
+position as int64, not float columns): see `runtime.draft_rows`. The graph step then has one
+static input per leaf (``hidden_states_<field>``, pad 0).
+
 Input rules (`_check_input`, the same for a graph replay, the eager backend and the eager
 fallback above the largest captured size, so an input gets the same answer or the same error
 on every path): topk_p float32 and topk_index int64, both [b, topk]; hidden_states [b,
-hidden_size] of the model's dtype; all on the worker's device; any strides; a step never
+hidden_size] of the model's dtype, or each named leaf [b, *trailing] of the template's dtype
+(errors name ``draft_input.hidden_states.<field>``); all on the worker's device; any strides; a step never
 records autograd history, whatever the grad mode (inputs that require grad and inference-mode
 tensors give the same answer). They are checked once, at `draft_forward`'s entry: the graph
 manager replays the checked tensors as they are (`replay_trusted`), and the layers below
@@ -35,6 +41,7 @@ from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
 from .draft_input import unpack_draft_input
 from .draft_result import DraftResult
+from .draft_rows import DraftRowsLike, RowLayout, leaves, map_rows
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
 from .topology import Selector, TopologyBuffers
@@ -44,27 +51,25 @@ from .worker_base import EagleDraftWorkerBase, GraphStep
 
 __all__ = ["EagleDraftWorker"]
 
-STATIC_NAMES = ("topk_p", "topk_index", "hidden_states")  # the graph step's inputs, in this order
+TOPK_NAMES = ("topk_p", "topk_index")  # the graph step's first inputs; the row leaves follow
 NO_GRAPHS = Miss("no_graphs")  # the state has no replayable manager (see state.EAGER_REASONS)
 
 
 class EagleDraftWorker(EagleDraftWorkerBase):
-    """Drafts with ``draft_model(input_ids [M], hidden [M, H]) -> (logits [M, V], hidden [M, H])``.
+    """Drafts with ``draft_model(input_ids [M], rows) -> (logits [M, V], rows)``.
 
-    The model must expose ``hidden_size``; its dtype is taken from ``dtype`` or its parameters.
+    ``rows`` is hidden [M, H] (the model exposes ``hidden_size``; its dtype is taken from
+    ``dtype`` or its parameters), or, for a model with ``row_template(rows, device)``, a
+    NamedTuple of tensors of leading dim M like that template (`runtime.draft_rows`).
     """
 
     def __init__(self, args: RuntimeArgs, draft_model: Any) -> None:
         if not callable(draft_model):
             raise ConfigTypeError(f"draft_model={type(draft_model).__name__}: must be callable")
-        hidden = getattr(draft_model, "hidden_size", None)
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ConfigTypeError(
-                f"draft_model.hidden_size={hidden!r}: the draft model must expose an int hidden_size"
-            )
         self.draft_model = draft_model
-        self.hidden_size = hidden
-        self.hidden_dtype = _model_dtype(draft_model)
+        self.row_layout = _model_rows(draft_model)
+        self.hidden_size = self.row_layout.hidden_size  # None for named rows
+        self.hidden_dtype = self.row_layout.dtypes[0] if not self.row_layout.structured else None
         self.vocab_size = getattr(draft_model, "vocab_size", None)
         self.debug_checks = debug_checks_enabled()  # DRAFTGRAPH_DEBUG=1: ids and NaN checked per step
         self.last_state: RuntimeState | None = None  # the state the latest step ran under
@@ -74,8 +79,9 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         super().__init__(args)
 
     def _row_input_bytes(self) -> int:
-        """hidden_states: one row of [H] in the model's dtype (the memory check's estimate)."""
-        return self.hidden_size * torch.empty(0, dtype=self.hidden_dtype).element_size()
+        """hidden_states: one row of every leaf ([H] in the model's dtype for one tensor), the
+        memory check's estimate."""
+        return self.row_layout.row_bytes()
 
     def _check_args(self, args: RuntimeArgs) -> None:
         """The draft model's parameters must live on the args' device."""
@@ -150,31 +156,36 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                 if state.storage_guard is not None:
                     state.storage_guard.check()  # a replaced draft tensor: refused, never read stale
                 # checked above (`_check_input`): the manager loads them as they are
-                out = graphs.replay_trusted(found, (topk_p, topk_index, hidden))
+                out = graphs.replay_trusted(found, (topk_p, topk_index, *leaves(hidden)))
                 buf = state.static_buffers()
                 return DraftResult(*out, buf.layout if buf is not None else None, replayed_at=found.load.padded)
             reason = found.reason
             reasons = state.counts.eager_reasons
             reasons[reason] = reasons.get(reason, 0) + 1
             # the graph path reads contiguous copies: the eager path reads the same layout
-            topk_p, topk_index, hidden = topk_p.contiguous(), topk_index.contiguous(), hidden.contiguous()
+            topk_p, topk_index = topk_p.contiguous(), topk_index.contiguous()
+            hidden = self.row_layout.assemble([t.contiguous() for t in leaves(hidden)])
             if graphs is None:
                 return replace(self.draft_step(state, topk_p, topk_index, hidden), eager_reason=reason)
             with span("eager_fallback", bs=b, reason=reason):
                 return replace(self.draft_step(state, topk_p, topk_index, hidden), eager_reason=reason)
 
     def _check_input(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
-                     hidden: torch.Tensor | None) -> None:
+                     hidden: DraftRowsLike | None) -> None:
         """The one set of input rules, for every path, and the step's only input check: topk_p
         float32 and topk_index int64 [b, k] (same shape: checked by `unpack_draft_input`),
-        hidden_states [b, H] of the model's dtype, all on the worker's device. TypeError for a
-        dtype, ValueError for a shape or a device, naming the input."""
+        hidden_states [b, H] of the model's dtype (or each named leaf [b, *trailing] of its
+        template's dtype), all on the worker's device. TypeError for a dtype, ValueError for a
+        shape or a device, naming the input (``hidden_states.<field>`` for a leaf)."""
         k = state.spec.topk
         if topk_index.shape[1] != k:
             raise ValueError(
                 f"draft_input.topk_index has {topk_index.shape[1]} columns: topk={k} needs {k}"
             )
         b = topk_index.shape[0]
+        if self.row_layout.structured:
+            self._check_named_rows(topk_p, topk_index, hidden, b)
+            return
         if not isinstance(hidden, torch.Tensor) or hidden.shape != (b, self.hidden_size):
             got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else hidden
             raise ValueError(
@@ -194,6 +205,20 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                     raise ValueError(f"draft_input.{name} is on {t.device}: must be on the worker's "
                                      f"device {dev}")
 
+    def _check_named_rows(self, topk_p: torch.Tensor, topk_index: torch.Tensor, hidden: Any, b: int) -> None:
+        """`_check_input` for named rows: shapes, then dtypes, then devices (the same order)."""
+        rows = self.row_layout
+        rows.check_shapes(hidden, b)
+        for name, t, want in (("topk_p", topk_p, torch.float32), ("topk_index", topk_index, torch.int64)):
+            if t.dtype is not want:
+                raise TypeError(f"draft_input.{name} has dtype {t.dtype}: must be {want} (on every backend)")
+        rows.check_dtypes(hidden)
+        dev = self._input_device()
+        for name, t in (("topk_p", topk_p), ("topk_index", topk_index)):
+            if t.device != dev:
+                raise ValueError(f"draft_input.{name} is on {t.device}: must be on the worker's device {dev}")
+        rows.check_device(hidden, dev)
+
     def _input_device(self) -> torch.device:
         """The args' device with its index resolved ("cuda" -> the current CUDA device), cached."""
         name = self.slot.args.device
@@ -208,7 +233,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     # ---- the step --------------------------------------------------------------------------
     def draft_step(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
-                   hidden: torch.Tensor, *, count: bool = True) -> DraftResult:
+                   hidden: DraftRowsLike, *, count: bool = True) -> DraftResult:
         """One organized draft step of ``state``, capturable.
 
         ``count``: the host-side bookkeeping (``state``'s counts: fast path, tree path, capacity
@@ -240,7 +265,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             return DraftResult(*organize_draft_results(*lists, spec.num_draft_tokens))
 
     def draft_tokens(self, state: RuntimeState, topk_p: torch.Tensor, topk_index: torch.Tensor,
-                     hidden: torch.Tensor) -> torch.Tensor:
+                     hidden: DraftRowsLike) -> torch.Tensor:
         """The draft tokens of one step of ``state`` without organizing them: [b, N-1] for a
         static topology, [b, k + (S-1)k^2] (every candidate) for a dynamic tree. Capturable and
         uncounted (benchmarks of the forwards alone)."""
@@ -250,14 +275,14 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         spec = state.spec
         return torch.cat(self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)[1], dim=1)
 
-    def _forward_topk(self, input_ids: torch.Tensor, hidden: torch.Tensor, topk: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One draft forward: (topk_p, topk_index [M, k], next hidden [M, H])."""
+    def _forward_topk(self, input_ids: torch.Tensor, hidden: DraftRowsLike, topk: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, DraftRowsLike]:
+        """One draft forward: (topk_p, topk_index [M, k], next rows [M, ...])."""
         logits, hidden = self.draft_model(input_ids, hidden)
         p, idx = fast_topk(torch.softmax(logits, dim=-1), topk, dim=-1)
         return p, idx, hidden
 
-    def _static_tokens(self, buf: TopologyBuffers, topk_index: torch.Tensor, hidden: torch.Tensor
+    def _static_tokens(self, buf: TopologyBuffers, topk_index: torch.Tensor, hidden: DraftRowsLike
                        ) -> torch.Tensor:
         """Static-topology drafting, depth by depth (no path scores: the tree is fixed).
 
@@ -273,7 +298,8 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             return level
         ids = _select(level, buf.first_feed).flatten()
         if buf.first_rows > 1:  # every depth-1 node's parent is the root
-            hidden = hidden.repeat_interleave(buf.first_rows, dim=0)
+            first_rows = buf.first_rows
+            hidden = map_rows(lambda t: t.repeat_interleave(first_rows, dim=0), hidden)
         last = len(buf.levels) - 1
         for i, (rows, k, columns, next_positions, next_rows) in enumerate(buf.levels):
             _, idx, hidden = self._forward_topk(ids, hidden, k)  # [b*rows, k], [b*rows, H]
@@ -283,12 +309,11 @@ class EagleDraftWorker(EagleDraftWorkerBase):
                 break
             ids = _select(level, next_positions).flatten()
             if next_rows is not None:  # each fed node takes its parent's hidden row
-                per_row = hidden.reshape(b, rows, -1)
-                hidden = _select(per_row, next_rows).reshape(-1, per_row.shape[-1])
+                hidden = map_rows(_parent_rows(b, rows, next_rows), hidden)
         return torch.cat(tokens, dim=1)
 
     def _tree_lists(self, num_steps: int, topk: int, topk_p: torch.Tensor,
-                    topk_index: torch.Tensor, hidden: torch.Tensor
+                    topk_index: torch.Tensor, hidden: DraftRowsLike
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """The general draft loop: per-step (scores, tokens, parents) for organize."""
         score_list: list[torch.Tensor] = []
@@ -310,20 +335,25 @@ class EagleDraftWorker(EagleDraftWorkerBase):
     # ---- capture ---------------------------------------------------------------------------
     def _graph_step(self, state: RuntimeState, max_size: int, organize: bool = True) -> GraphStep:
         """The step over static topk_p / topk_index [max_size, k] and hidden_states [max_size, H]
+        (named rows: one static input ``hidden_states_<field>`` [max_size, ...] per leaf; pad 0,
+        so a pad row of the head reads the dummy slot 0 and attends only to itself)
         (``organize=False``: the tokens only, `draft_tokens`)."""
         k, dev = state.spec.topk, torch.device(self.slot.args.device)
+        layout = self.row_layout
+        row_names = layout.input_names()
         static = {
             "topk_p": torch.zeros(max_size, k, dtype=torch.float32, device=dev),
             "topk_index": torch.zeros(max_size, k, dtype=torch.long, device=dev),
-            "hidden_states": torch.zeros(max_size, self.hidden_size, dtype=self.hidden_dtype,
-                                         device=dev),
+            **dict(zip(row_names, layout.zeros(max_size, dev))),
         }
-        def step(topk_p: torch.Tensor, topk_index: torch.Tensor, hidden_states: torch.Tensor) -> Any:
-            if not organize:
-                return self.draft_tokens(state, topk_p, topk_index, hidden_states)
-            return tuple(self.draft_step(state, topk_p, topk_index, hidden_states, count=False))
 
-        return GraphStep(step, static, {name: 0 for name in STATIC_NAMES})
+        def step(topk_p: torch.Tensor, topk_index: torch.Tensor, **row_inputs: torch.Tensor) -> Any:
+            hidden = layout.assemble([row_inputs[n] for n in row_names])
+            if not organize:
+                return self.draft_tokens(state, topk_p, topk_index, hidden)
+            return tuple(self.draft_step(state, topk_p, topk_index, hidden, count=False))
+
+        return GraphStep(step, static, {name: 0 for name in (*TOPK_NAMES, *row_names)})
 
 
 def _select(t: torch.Tensor, selector: Selector | None) -> torch.Tensor:
@@ -335,6 +365,32 @@ def _select(t: torch.Tensor, selector: Selector | None) -> torch.Tensor:
             return t
         return t[:, selector]
     return t.index_select(1, selector)
+
+
+def _parent_rows(b: int, rows: int, selector: Selector) -> Any:
+    """Leaf [b*rows, *trail] -> the rows ``selector`` picks per request, [b*picked, *trail]."""
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        trail = t.shape[1:]
+        return _select(t.reshape(b, rows, *trail), selector).reshape(-1, *trail)
+    return pick
+
+
+def _model_rows(model: Any) -> RowLayout:
+    """The row layout of ``model``: its ``row_template`` when it has one, else one tensor
+    [hidden_size] of its dtype. ConfigTypeError when neither is usable."""
+    template = getattr(model, "row_template", None)
+    if callable(template):
+        try:
+            return RowLayout.from_template(template(1, torch.device("meta")))
+        except TypeError as e:
+            raise ConfigTypeError(f"draft_model.row_template: {e}") from e
+    hidden = getattr(model, "hidden_size", None)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise ConfigTypeError(
+            f"draft_model.hidden_size={hidden!r}: the draft model must expose an int hidden_size "
+            f"(or row_template(rows, device))"
+        )
+    return RowLayout.tensor(hidden, _model_dtype(model))
 
 
 def _model_device(model: Any) -> torch.device | None:

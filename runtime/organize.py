@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .draft_rows import DraftRowsLike, map_rows, row_count
+
 __all__ = [
     "fast_topk",
     "select_top_k_tokens",
@@ -32,11 +34,14 @@ def select_top_k_tokens(
     i: int,
     topk_p: torch.Tensor,
     topk_index: torch.Tensor,
-    hidden_states: torch.Tensor | None,
+    hidden_states: DraftRowsLike | None,
     scores: torch.Tensor | None,
     topk: int,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, TreeInfo]:
+) -> tuple[torch.Tensor, DraftRowsLike | None, torch.Tensor, TreeInfo]:
     """Choose the k beams of draft step ``i``; returns (input_ids, hidden_states, scores, tree_info).
+
+    hidden_states: one tensor [rows, H] or named leaves of leading dim rows (`runtime.draft_rows`:
+    the same row selection applies to every leaf).
 
     i == 0: topk_p, topk_index [b, k]; input_ids [b*k]; hidden [b*k, H]; scores [b, k];
             tree_info = (scores [b, 1, k], tokens [b, k], parents [b, k+1] = -1, 0, .., k-1).
@@ -51,12 +56,12 @@ def select_top_k_tokens(
 
 
 def _select_first(
-    topk_p: torch.Tensor, topk_index: torch.Tensor, hidden_states: torch.Tensor | None, topk: int
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, TreeInfo]:
+    topk_p: torch.Tensor, topk_index: torch.Tensor, hidden_states: DraftRowsLike | None, topk: int
+) -> tuple[torch.Tensor, DraftRowsLike | None, torch.Tensor, TreeInfo]:
     """Step 0: the root's k children are the beams."""
     b = topk_p.shape[0]
     if hidden_states is not None:
-        hidden_states = hidden_states.repeat_interleave(topk, dim=0)  # [b*k, H]
+        hidden_states = map_rows(lambda t: t.repeat_interleave(topk, dim=0), hidden_states)  # [b*k, H]
     parents = torch.arange(-1, topk, dtype=torch.long, device=topk_index.device)
     tree_info = (topk_p.unsqueeze(1), topk_index, parents.expand(b, topk + 1))
     return topk_index.flatten(), hidden_states, topk_p, tree_info
@@ -66,10 +71,10 @@ def _select_later(
     i: int,
     topk_p: torch.Tensor,
     topk_index: torch.Tensor,
-    hidden_states: torch.Tensor | None,
+    hidden_states: DraftRowsLike | None,
     scores: torch.Tensor | None,
     topk: int,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, TreeInfo]:
+) -> tuple[torch.Tensor, DraftRowsLike | None, torch.Tensor, TreeInfo]:
     """Step i >= 1: expand every beam by its k children, keep the best k paths."""
     if scores is None:
         raise ValueError(f"scores=None at step i={i}: steps i >= 1 need the beams' path scores")
@@ -78,11 +83,11 @@ def _select_later(
     best_p, best_c = fast_topk(child_scores.flatten(start_dim=1), topk, dim=-1)  # [b, k]
     child_tokens = topk_index.view(-1, kk)  # [b, k*k]
     input_ids = torch.gather(child_tokens, 1, best_c).flatten()  # [b*k]
-    if hidden_states is not None and hidden_states.shape[0] > 0:
+    if hidden_states is not None and row_count(hidden_states) > 0:
         b = best_c.shape[0]
         beam_base = torch.arange(b, device=best_c.device).unsqueeze(1) * topk  # [b, 1]
         rows = (best_c // topk + beam_base).flatten()  # parent beam of each chosen child
-        hidden_states = hidden_states[rows]
+        hidden_states = map_rows(lambda t: t[rows], hidden_states)
     tree_info = (child_scores, child_tokens, best_c + (kk * (i - 1) + topk))
     return input_ids, hidden_states, best_p, tree_info
 

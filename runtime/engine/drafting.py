@@ -77,8 +77,8 @@ class EagleDrafter:
         """One draft step for the batch (the worker's graph for the padded size, or eager)."""
         k = self.worker.spec.topk
         slots = batch.slots
-        hidden = self.head.initial_state(state.feature[slots], slots, batch.lens)
-        return self.worker.draft_forward(DraftInput(state.draft_p[slots, :k], state.draft_ids[slots, :k], hidden))
+        rows = self.head.initial_state(state.feature[slots], slots, batch.lens)  # named DraftRows
+        return self.worker.draft_forward(DraftInput(state.draft_p[slots, :k], state.draft_ids[slots, :k], rows))
 
     @torch.no_grad()
     def extend(self, state: SlotState, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,

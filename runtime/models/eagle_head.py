@@ -1,11 +1,13 @@
 """EAGLE draft head: fuse the target's hidden state with the next token's embedding, one
 decoder layer (its own KV cache), then the target's frozen final norm and lm_head.
 
-The worker-facing call is capturable: ``head(input_ids [M], state [M, hidden_size]) ->
-(logits [M, V], state [M, hidden_size])``. A draft-state row packs what one draft token needs,
-so that the worker's row re-selection (tree parents) carries all of it:
+The worker-facing call is capturable: ``head(input_ids [M], rows: DraftRows) -> (logits [M, V],
+DraftRows)``. A draft row holds what one draft token needs, as named tensors (gpt-fast's
+``forward(idx, input_pos)`` style), so that the worker's row re-selection (tree parents) carries
+all of it (`runtime.draft_rows`):
 
-    [ feature (dim) | slot | position | base | ancestors K, V (max_ancestors x 2 x kv_dim) ]
+    feature [M, dim] float32, slot [M] int64, position [M] int64, base [M] int64,
+    ancestors [M, max_ancestors, 2, head_dim] float32 (K, V)
 
 ``position`` is where this row's token sits, ``base`` the request's committed length (the draft
 cache holds positions < base), and the ancestors are the K/V of the tokens drafted before it in
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -24,7 +27,17 @@ from torch import nn
 from .kv_cache import KVCache
 from .layers import RMSNorm, SwiGLU, TargetHeadCopy, apply_rope, cached_attention, rope_tables
 
-__all__ = ["EagleConfig", "EagleDraftHead"]
+__all__ = ["DraftRows", "EagleConfig", "EagleDraftHead"]
+
+
+class DraftRows(NamedTuple):
+    """The head's per-row draft state (M rows): see the module docstring."""
+
+    feature: torch.Tensor  # [M, dim] float32
+    slot: torch.Tensor  # [M] int64, the request's cache slot
+    position: torch.Tensor  # [M] int64, this row's token position
+    base: torch.Tensor  # [M] int64, the request's committed length
+    ancestors: torch.Tensor  # [M, max_ancestors, 2, head_dim] float32
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,15 @@ class EagleDraftHead(TargetHeadCopy):
         self.cache: KVCache | None = None
 
     # ---- sizes --------------------------------------------------------------------------------
-    @property
-    def hidden_size(self) -> int:
-        """Width of a draft-state row (see the module docstring)."""
+    def row_template(self, rows: int, device: torch.device | str) -> DraftRows:
+        """Zero draft rows [rows, ...] (the worker's static graph inputs and its input rules)."""
         c = self.cfg
-        return c.dim + 3 + c.max_ancestors * 2 * c.head_dim
+        long = torch.int64
+        return DraftRows(torch.zeros(rows, c.dim, device=device),
+                         torch.zeros(rows, dtype=long, device=device),
+                         torch.zeros(rows, dtype=long, device=device),
+                         torch.zeros(rows, dtype=long, device=device),
+                         torch.zeros(rows, c.max_ancestors, 2, c.head_dim, device=device))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -106,17 +123,14 @@ class EagleDraftHead(TargetHeadCopy):
         return x + self.mlp(self.mlp_norm(x))
 
     # ---- the capturable draft call ------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft token per row: input_ids [M], state [M, hidden_size] -> (logits [M, V], next state)."""
+    def forward(self, input_ids: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, DraftRows]:
+        """One draft token per row: input_ids [M], rows (M rows) -> (logits [M, V], the next rows:
+        the new feature, position + 1, this token's K/V among the ancestors)."""
         c = self.cfg
-        d, hd, a = c.dim, c.head_dim, c.max_ancestors
-        m = state.shape[0]
-        feat = state[:, :d]
-        slot = state[:, d].long()
-        pos = state[:, d + 1].long().clamp(0, c.max_len - 1)
-        base = state[:, d + 2].long()
-        anc = state[:, d + 3:].view(m, a, 2, hd)
-        x = self._fuse(feat, input_ids)
+        hd, a = c.head_dim, c.max_ancestors
+        slot, base, anc = rows.slot, rows.base, rows.ancestors
+        pos = rows.position.clamp(0, c.max_len - 1)
+        x = self._fuse(rows.feature, input_ids)
         q, k, v = self._qkv(x, pos)  # q [M, H, hd], k, v [M, 1, hd]
         cache = self.cache
         keys = cache.k[0][slot].squeeze(2)  # [M, L, hd]
@@ -136,19 +150,21 @@ class EagleDraftHead(TargetHeadCopy):
                + p[..., n + a:] * v)
         x = self._finish(x, att.flatten(1))
         j = (pos - base).clamp(0, a - 1)
-        onehot = (torch.arange(a, device=j.device)[None] == j[:, None]).to(state.dtype)
+        onehot = (torch.arange(a, device=j.device)[None] == j[:, None]).to(anc.dtype)
         onehot = onehot[:, :, None, None]  # [M, A, 1, 1]; one_hot would read j on the host
         new_kv = torch.stack([k.squeeze(1), v.squeeze(1)], dim=1)[:, None]  # [M, 1, 2, hd]
         anc = anc + onehot * (new_kv - anc)
-        meta = torch.stack([state[:, d], state[:, d + 1] + 1, state[:, d + 2]], dim=1)
-        return self.logits(x), torch.cat([x, meta, anc.flatten(1)], dim=1)
+        return self.logits(x), DraftRows(x, slot, rows.position + 1, base, anc)
 
-    def initial_state(self, feat: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """Draft-state rows [b, hidden_size] for the first draft token at position seq_lens [b]."""
+    def initial_state(self, feat: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> DraftRows:
+        """Draft rows for the first draft token of each request: feat [b, dim], slots [b],
+        seq_lens [b] (the token's position and the committed length: one int64 tensor, read
+        only); no ancestors yet."""
+        c = self.cfg
         b = feat.shape[0]
-        meta = torch.stack([slots, seq_lens, seq_lens], dim=1).to(torch.float32)
-        anc = feat.new_zeros(b, self.hidden_size - self.cfg.dim - 3)
-        return torch.cat([feat.float(), meta, anc], dim=1)
+        lens = seq_lens.to(torch.int64)
+        anc = torch.zeros(b, c.max_ancestors, 2, c.head_dim, dtype=torch.float32, device=feat.device)
+        return DraftRows(feat.float(), slots.to(torch.int64), lens, lens, anc)
 
     # ---- extend (eager, writes the cache) -----------------------------------------------------
     def extend(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,

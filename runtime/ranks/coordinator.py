@@ -82,7 +82,7 @@ class CoordinatorStats:
 
 def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     """What must be equal on every rank: worker type, args (device index aside), active spec,
-    capture sizes, graph backend, hidden size, generation and the poll period."""
+    capture sizes, graph backend, row layout (hidden size), generation and the poll period."""
     args = worker.args
     out = {"worker": type(worker).__name__, "poll_every": str(poll_every)}
     for f in dataclasses.fields(args):
@@ -92,7 +92,8 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     out["spec"] = repr(state.spec)
     out["capture_sizes"] = repr(tuple(state.capture_sizes))
     out["backend"] = state.graphs.backend_name if state.graphs is not None else "none"
-    out["hidden_size"] = repr(getattr(worker, "hidden_size", None))
+    rows = getattr(worker, "row_layout", None)  # the draft state's row layout (hidden size, or named leaves)
+    out["rows"] = rows.describe() if rows is not None else "none"
     out["generation"] = str(state.generation)
     return out
 
