@@ -51,10 +51,10 @@ def _forward_costs(target, head, device: str, n: int = 4, reps: int = 30) -> dic
         return lambda: target(ids, pos, pos, slots, mask, cache)
 
     head.allocate_cache(2)
-    state = head.initial_state(torch.zeros(1, head.cfg.dim, device=device),
-                               torch.tensor([1], device=device), torch.tensor([L], device=device))
+    rows = head.initial_state(torch.zeros(1, head.cfg.dim, device=device),
+                              torch.tensor([1], device=device), torch.tensor([L], device=device))
     five = torch.tensor([5], device=device)
-    fns = {"target_1": tgt(1), f"target_{n}": tgt(n), "draft_1": lambda: head(five, state)}
+    fns = {"target_1": tgt(1), f"target_{n}": tgt(n), "draft_1": lambda: head(five, rows)}
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
     with torch.no_grad():
