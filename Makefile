@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.draftgraph-installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install test demo bench plots lint clean
+.PHONY: install test test-all demo bench plots lint clean
 
 install: $(STAMP)
 
@@ -18,7 +18,13 @@ $(STAMP): requirements.txt requirements-oracle.txt setup.cfg pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# the fast tier: every test not marked slow (a few minutes on two cores)
 test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# every tier: the fast one and the slow one (the soak, ranks, CLI signal runs, inductor
+# compiles, the benchmark smoke of `make bench QUICK=1`); what CI runs
+test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

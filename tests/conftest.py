@@ -1,11 +1,19 @@
-"""Shared fixtures: the SGLang reference (differential oracle) and small helpers."""
+"""Shared fixtures: engines and workers closed after their test, the default models trained
+once, the NVTX switch, the ``python -O`` harness, the SGLang reference (differential oracle),
+and small comparison helpers. The builders themselves are in engine_support.py.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import types
 import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # SGLang wraps select_top_k_tokens' later steps in torch.compile; eagerly it is bitwise the same
 # (see shared/sglang-oracle.md) and skips a multi-second CPU compile per shape.
@@ -24,6 +32,117 @@ def _capture_threads_finish_within_their_test():
         if t.name == "draftgraph-capture":
             t.join(180)
             assert not t.is_alive(), "a draftgraph capture thread outlived its test by 180 s"
+
+
+@pytest.fixture(scope="session")
+def trained_models() -> None:
+    """The default models trained (or loaded) once in this process, so that a subprocess a test
+    starts (the CLI, ranks) only loads them from the cache."""
+    from engine_support import models
+
+    models("eagle")
+
+
+def _closing(build: Callable[..., Any], close: Callable[[Any], Any]) -> Iterator[Callable[..., Any]]:
+    """A factory over ``build`` that calls ``close`` on everything it built once the test ends."""
+    made: list[Any] = []
+
+    def make(*args: Any, **kw: Any) -> Any:
+        made.append(build(*args, **kw))
+        return made[-1]
+
+    yield make
+    for obj in made:
+        close(obj)
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Any]]:
+    """`engine_support.build_engine` as a factory; every engine it made is closed after the test
+    (its background capture stopped)."""
+    from engine_support import build_engine
+
+    yield from _closing(build_engine, lambda engine: engine.close())
+
+
+@pytest.fixture
+def make_worker() -> Iterator[Callable[..., Any]]:
+    """`engine_support.tiny_worker` as a factory; background capture of every worker it made is
+    stopped after the test."""
+    from engine_support import tiny_worker
+
+    yield from _closing(tiny_worker, lambda worker: worker.stop_capture(60))
+
+
+@pytest.fixture
+def nvtx_off() -> Iterator[None]:
+    """NVTX switched off for the test (a ``DRAFTGRAPH_NVTX=1`` environment switches it on at
+    import), restored after it."""
+    from draftgraph.graphs.spans import disable_nvtx, enable_nvtx, nvtx_enabled
+
+    was = nvtx_enabled()
+    disable_nvtx()
+    yield
+    if was:
+        enable_nvtx()
+
+
+_STRIPPED_CHECK = """\
+try:
+    assert False
+except AssertionError:
+    raise SystemExit("asserts are not stripped: not running under -O")
+"""
+
+_RULES_SCRIPT = """\
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+module = importlib.import_module(sys.argv[2])
+checked = 0
+for pair in sys.argv[3:]:
+    where, cases = pair.split(":")
+    owner, name = where.rsplit(".", 1)
+    make = getattr(importlib.import_module(owner), name)
+    for kwargs, exc, fragment in getattr(module, cases):
+        try:
+            make(**kwargs)
+        except exc as err:
+            if fragment not in str(err):
+                sys.exit(f"{kwargs}: wrong message {err}")
+        else:
+            sys.exit(f"{kwargs}: no error under -O")
+        checked += 1
+print(checked)
+"""
+
+
+def run_python_O(code: str, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``code`` (dedented) in a fresh ``python -O`` (asserts stripped, which it checks first)."""
+    script = _STRIPPED_CHECK + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-O", "-c", script, *argv], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class PythonO:
+    """The ``python -O`` harness: `run` any code; `rules` re-checks tables of validation cases."""
+
+    run = staticmethod(run_python_O)
+
+    @staticmethod
+    def rules(module: str, tables: dict[str, str]) -> int:
+        """Under ``python -O``, every ``(kwargs, exception, message fragment)`` case of the test
+        module's tables (``{"package.module.Maker": "CASES"}``) raises that exception with that
+        fragment; returns how many cases were checked (or fails naming the case)."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        proc = run_python_O(_RULES_SCRIPT, here, module, *(f"{k}:{v}" for k, v in tables.items()))
+        assert proc.returncode == 0, proc.stderr or proc.stdout
+        return int(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def python_O() -> PythonO:
+    """Run code or validation tables with asserts stripped: rules must hold without ``assert``."""
+    return PythonO()
 
 
 @pytest.fixture(scope="session")

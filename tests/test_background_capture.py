@@ -4,6 +4,7 @@ reloads that swap only when ready; start-up figures in the engine."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -14,31 +15,28 @@ from engine_support import MAX_NEW, models, prompts, reference
 from draftgraph.graphs.backend_compile import compiler_available
 from draftgraph.runtime import (
     CudaGraphConfig,
-    EagleDraftWorker,
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
 )
 from draftgraph.runtime.engine import SpecDecodeEngine
-from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+from draftgraph.runtime.testing import make_draft_input
 
 SIZES = (1, 2, 4, 8)
+SPEC = SpeculativeConfig(3, 2, 6)  # the workers' draft shape (as `_args` gives it)
+MAX_SERVE_ROUNDS = 20_000  # a bound on serving while graphs publish (a few hundred suffice)
 
 
 def _args(s: int = 3, k: int = 2, n: int | None = 6, sizes=SIZES) -> RuntimeArgs:
     return RuntimeArgs(SpeculativeConfig(s, k, n), CudaGraphConfig(PhaseGraphConfig(bs=sizes)))
 
 
-def _worker(args: RuntimeArgs) -> EagleDraftWorker:
-    return EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
-
-
 def _same(got, want) -> bool:
     return all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def test_steps_from_another_thread_equal_eager_while_graphs_publish():
-    w, ref = _worker(_args()), _worker(_args())
+def test_steps_from_another_thread_equal_eager_while_graphs_publish(make_worker):
+    w, ref = make_worker(SPEC, bs=SIZES, backend=None), make_worker(SPEC, bs=SIZES, backend=None)
     w.capture_queue.max_wait_s = 0.0  # units back to back beside serving (not only when idle)
     w.capture_graphs("trace", background=True)
     assert not w.graphs_ready() and w.state.graphs.pending_sizes == SIZES
@@ -46,8 +44,9 @@ def test_steps_from_another_thread_equal_eager_while_graphs_publish():
     served = {"steps": 0}
 
     def serve() -> None:
-        deadline = time.perf_counter() + 60
-        while not w.graphs_ready() and time.perf_counter() < deadline:
+        for _ in range(MAX_SERVE_ROUNDS):  # bounded by steps, not by the clock
+            if w.graphs_ready():
+                return
             for b in (1, 3, 6):
                 inp = make_draft_input(b, 2, seed=served["steps"])
                 if not _same(w.draft_forward(inp), ref.draft_forward(inp)):
@@ -70,11 +69,11 @@ def test_steps_from_another_thread_equal_eager_while_graphs_publish():
     assert w.state.capture_s > 0
 
 
-def test_active_state_first_and_most_seen_sizes_first(monkeypatch):
+def test_active_state_first_and_most_seen_sizes_first(monkeypatch, make_worker):
     from draftgraph.runtime.capture_queue import CaptureQueue
 
     monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
-    w = _worker(_args(sizes=(1, 2, 4, 8)))
+    w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
     other = w.build_runtime_state(2, 4, backend="trace", background=True)  # queued first
     w.capture_graphs("trace", background=True)  # the active state: captured before `other`
     for _ in range(5):
@@ -90,8 +89,8 @@ def test_active_state_first_and_most_seen_sizes_first(monkeypatch):
     assert order[4:] == [(2, 8), (2, 1), (2, 2), (2, 4)]
 
 
-def test_releasing_a_state_cancels_its_pending_units():
-    w = _worker(_args())
+def test_releasing_a_state_cancels_its_pending_units(make_worker):
+    w = make_worker(SPEC, bs=SIZES, backend=None)
     state = w.build_runtime_state(2, 4, backend="trace", background=True)
     manager = state.graphs
     state.release()
@@ -100,8 +99,8 @@ def test_releasing_a_state_cancels_its_pending_units():
     assert w.wait_graphs(5)
 
 
-def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog):
-    w, ref = _worker(_args(sizes=(2, 4))), _worker(_args(sizes=(2, 4)))
+def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog, make_worker):
+    w, ref = make_worker(SPEC, bs=(2, 4), backend=None), make_worker(SPEC, bs=(2, 4), backend=None)
     w.capture_graphs("trace", background=True)
     manager = w.state.graphs
     real = manager._capture_one
@@ -121,8 +120,8 @@ def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog):
     assert "size 4 failed" in caplog.text
 
 
-def test_a_prepared_reload_commits_only_when_ready():
-    w = _worker(_args())
+def test_a_prepared_reload_commits_only_when_ready(make_worker):
+    w = make_worker(SPEC, bs=SIZES, backend=None)
     w.capture_graphs("trace")
     prepared = w.prepare_reload(_args(s=2, n=4), backend="trace", background=True)
     assert not prepared.ready and w.spec.num_steps == 3  # the old state keeps serving
@@ -131,13 +130,13 @@ def test_a_prepared_reload_commits_only_when_ready():
     assert w.spec.num_steps == 2 and w.state.has_graphs and w.state.graphs.is_captured
 
 
-def test_stop_runs_no_further_unit():
-    w = _worker(_args())
+def test_stop_runs_no_further_unit(make_worker):
+    w = make_worker(SPEC, bs=SIZES, backend=None)
     w.capture_graphs("trace", background=True)
-    assert w.stop_capture(30)
+    assert w.stop_capture(30)  # True: the capture thread has ended (joined), not only been told
     left = w.capture_queue.pending()
-    time.sleep(0.2)
-    assert w.capture_queue.pending() == left  # nothing more was captured
+    assert not [t for t in threading.enumerate() if t.name == "draftgraph-capture"]
+    assert w.capture_queue.pending() == left and w.capture_pending(0.0) == 0  # nothing more is captured
     inp = make_draft_input(3, 2)
     w.draft_forward(inp)  # still serving
 
@@ -149,8 +148,7 @@ def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))),
                        max_running_requests=8)
     engine = SpecDecodeEngine(args, target, head, backend=backend)
-    assert engine.startup_s < 5.0  # nothing captured in the constructor
-    st = engine.startup()
+    st = engine.startup()  # nothing captured in the constructor: every size pending
     assert st["capture"] == "background" and st["graphs_ready_s"] is None
     assert st["states"][0]["sizes_pending"] == [1, 2, 4]
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:6]]
@@ -171,21 +169,51 @@ def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     engine.close()
 
 
-def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all():
-    sizes = tuple(range(1, 9))  # back to back, 8 trace units take well under a second here
-    w = _worker(_args(sizes=sizes))
+class _Clock:
+    """The capture queue's clock, moved by the test: ``perf_counter`` reads ``now``; ``sleep``
+    really sleeps (briefly) so the capture thread yields, without moving ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, 0.001))
+
+
+def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, make_worker):
+    from draftgraph.runtime import capture_queue
+
+    clock = _Clock()
+    monkeypatch.setattr(capture_queue, "time", clock)  # the queue's pacing runs on the test's clock
+    sizes = tuple(range(1, 9))
+    w = make_worker(SPEC, bs=sizes, backend=None)
     w.capture_queue.max_wait_s = 1.5
+    started: queue.Queue[float] = queue.Queue()  # the clock when each unit started
     w.capture_graphs("trace", background=True)
+    _inject(w.state.graphs, {s: (lambda: started.put(clock.now)) for s in sizes})
     inp = make_draft_input(1, 2)
-    start = time.perf_counter()
-    while time.perf_counter() - start < 4.0:  # busy: a step every few ms
+    t0 = clock.now
+    for _ in range(200):  # busy: a step every 20 ms (under IDLE_S) for 4 s of the queue's clock
+        clock.now += 0.02
         w.draft_forward(inp)
-    done = len(w.state.graphs.captured_sizes)
-    # paced (not all 8, which back to back take well under the 4 s; one per max_wait_s gives 3,
-    # a loaded machine's stalls of over 50 ms between steps may add some) and not starved
-    assert 1 <= done < 8 and w.capture_queue.pending() == 8 - done
-    assert w.wait_graphs(60)  # idle: the rest at once
-    assert w.state.graphs.captured_sizes == sizes
+    # still busy (no time passes now): the max_wait rule alone lets one unit run, at >= 1.5 s
+    first = started.get(timeout=60)
+    assert first - t0 >= 1.5
+    # paced: every later unit of the busy period starts 1.5 s (of the clock) after the one before
+    busy = [first]
+    while not started.empty():
+        busy.append(started.get())
+    # so at most 2 of the 8 in [1.5 s, 4 s]: not all, which back to back take well under 4 s
+    assert all(b - a >= 1.5 for a, b in zip(busy, busy[1:])) and len(busy) <= 2
+    clock.now += 1.0  # idle (no step for 1 s > IDLE_S): the rest at once, whatever the pacing
+    for _ in range(8 - len(busy)):
+        started.get(timeout=60)
+    assert w.stop_capture(60)  # the thread has ended: every unit published, none cancelled
+    assert started.empty() and w.capture_queue.units_cancelled == 0
+    assert w.state.graphs.captured_sizes == sizes and w.capture_queue.pending() == 0
 
 
 # ---- issue 32: units that raise anything, hang, or are cancelled ------------------------------
@@ -207,8 +235,8 @@ def _raise(exc: BaseException):
     return go
 
 
-def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog):
-    w = _worker(_args(sizes=(1, 2, 4, 8)))
+def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog, make_worker):
+    w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
     w.capture_graphs("trace", background=True)
     manager = w.state.graphs
     _inject(manager, {2: _raise(SystemExit(3)), 4: _raise(KeyboardInterrupt())})
@@ -222,11 +250,11 @@ def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog):
     assert w.wait_graphs(60) and prepared.ready and prepared.failed_sizes == {}
 
 
-def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkeypatch):
+def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkeypatch, make_worker):
     from draftgraph.runtime.capture_queue import CaptureQueue
 
     monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
-    w = _worker(_args(sizes=(1, 2)))
+    w = make_worker(SPEC, bs=(1, 2), backend=None)
     w.capture_graphs("trace", background=True)
     _inject(w.state.graphs, {1: _raise(KeyboardInterrupt())})
     with pytest.raises(KeyboardInterrupt):
@@ -236,8 +264,8 @@ def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkey
     assert w.capture_pending(10.0) == 1 and q.pending() == 0 and q.units_run == 1
 
 
-def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancelled(caplog):
-    w = _worker(_args(sizes=(1, 2, 4, 8)))
+def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancelled(caplog, make_worker):
+    w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
     release, entered = threading.Event(), threading.Event()
 
     def hang():
@@ -248,9 +276,7 @@ def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancel
     _inject(w.state.graphs, {1: hang})
     try:
         assert entered.wait(30)
-        t0 = time.perf_counter()
-        assert w.stop_capture(0.3) is False  # the thread still runs: said, not hidden
-        assert time.perf_counter() - t0 < 5  # never waits past the timeout (generous guard)
+        assert w.stop_capture(0.3) is False  # the thread still runs: said (it returned before the unit did)
         q = w.capture_queue
         assert q.units_cancelled == 3 and q.units_failed == 3  # 2, 4, 8 never ran
         assert "still running" in caplog.text and "3 pending capture units cancelled" in caplog.text

@@ -101,6 +101,7 @@ def test_schema_check_names_what_is_wrong(mutate, message) -> None:
         _summary_module().validate_summary(doc)
 
 
+@pytest.mark.slow  # the slow tier: the benchmark smoke (make bench QUICK=1), minutes
 def test_quick_bench_writes_a_summary_of_every_benchmark(tmp_path) -> None:
     out = tmp_path / "bench"
     try:

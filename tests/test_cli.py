@@ -7,20 +7,18 @@ import subprocess
 import sys
 
 import pytest
-from engine_support import models
 
 CLI = [sys.executable, "-m", "draftgraph.runtime.engine.cli"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _trained():
-    models("eagle")  # train (or load) once in this process; the subprocess loads the cache
+pytestmark = pytest.mark.usefixtures("trained_models")  # subprocesses load the cached models
 
 
 def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # the slow tier: a simulate subprocess, trace graphs of two states and a reload
 def test_simulate_json_with_bad_reload_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"speculative": {"num_steps": 0, "topk": 1}}')
@@ -37,6 +35,7 @@ def test_simulate_json_with_bad_reload_file(tmp_path):
     assert "replay" in r["spans"] or "eager_fallback" in r["spans"]
 
 
+@pytest.mark.slow  # the slow tier: a simulate subprocess with a reload
 def test_simulate_reload_applies(tmp_path):
     good = tmp_path / "good.json"
     good.write_text('{"speculative": {"num_steps": 2, "topk": 2, "num_draft_tokens": 4},'
@@ -77,6 +76,7 @@ def test_simulate_two_ranks_same_generation_every_step(tmp_path):
     assert r["rank0"]["lossless"] is True
 
 
+@pytest.mark.slow  # the slow tier: a simulate subprocess under the torch profiler
 def test_simulate_profile_writes_trace_with_spans(tmp_path):
     # blocking capture: every step replays (in the background a loaded machine may finish first)
     p = _run("simulate", "--requests", "2", "--adaptive", "", "--no-greedy", "--json", "--backend", "trace",
@@ -105,6 +105,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(argv, command, monkeypatch, capsys
 
 
 # ---- issue 32: reports -------------------------------------------------------------------------
+@pytest.mark.slow  # the slow tier: a simulate subprocess with the greedy baseline
 def test_max_loop_steps_reports_prefix_agreement():
     p = _run("simulate", "--requests", "4", "--backend", "eager", "--adaptive", "", "--max-loop-steps", "6")
     assert p.returncode == 0, p.stderr
@@ -128,7 +129,6 @@ def test_ctrl_c_in_the_greedy_baseline_prints_the_report_of_what_ran(monkeypatch
 
 def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
     import threading
-    import time
 
     from draftgraph.graphs.manager import GraphCaptureManager
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
@@ -157,7 +157,6 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
                                     progress=False, min_new=4, max_new=6)
     box: list = []
     t = threading.Thread(target=lambda: box.append(simulate.run_simulation(cfg, sighup=None)), daemon=True)
-    t0 = time.perf_counter()
     t.start()
     try:
         t.join(90)  # a generous hang guard: the loop takes seconds
@@ -165,7 +164,6 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
     finally:
         release.set()
         t.join(60)
-    assert time.perf_counter() - t0 < 90
     assert box and box[0]["capture_stopped"] is False and box[0]["tokens_generated"] > 0
 
 

@@ -11,9 +11,10 @@ import sys
 import textwrap
 
 import pytest
-from engine_support import models
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs SIGHUP (POSIX)")
+pytestmark = [pytest.mark.slow,  # the slow tier (make test-all, CI): CLI subprocesses, one per signal moment
+              pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs SIGHUP (POSIX)"),
+              pytest.mark.usefixtures("trained_models")]  # subprocesses load the cached models
 
 # The driver patches one moment of the run to send SIGHUP (or raise Ctrl-C), then runs the CLI.
 DRIVER = textwrap.dedent("""
@@ -48,11 +49,6 @@ DRIVER = textwrap.dedent("""
         wrap(SpecDecodeEngine, "step", ctrl_c)
     sys.exit(main(sys.argv[1:]))
 """)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _trained():
-    models("eagle")  # train (or load) once in this process; the subprocess loads the cache
 
 
 def _run(moment: str, *argv: str) -> subprocess.CompletedProcess:

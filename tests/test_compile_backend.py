@@ -23,7 +23,8 @@ from draftgraph.runtime import (
 )
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
-pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")
+pytestmark = [pytest.mark.slow,  # the slow tier (make test-all, CI): inductor compiles, seconds each
+              pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")]
 
 SIZES = (2, 4)
 W = (torch.arange(12.0).reshape(4, 3) - 5) / 7

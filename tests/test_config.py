@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import types
 
 import pytest
@@ -133,34 +130,8 @@ def test_frozen():
         spec.num_steps = 4  # type: ignore[misc]
 
 
-OPTIMIZED_SCRIPT = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-try:
-    assert False
-except AssertionError:
-    sys.exit("asserts are not stripped: not running under -O")
-import test_config as t
-from draftgraph.runtime import PhaseGraphConfig, SpeculativeConfig
-checked = 0
-for make, cases in ((SpeculativeConfig, t.SPEC_CASES), (PhaseGraphConfig, t.PHASE_CASES)):
-    for kwargs, exc, fragment in cases:
-        try:
-            make(**kwargs)
-        except exc as err:
-            if fragment not in str(err):
-                sys.exit(f"{kwargs}: wrong message {err}")
-        else:
-            sys.exit(f"{kwargs}: no error under -O")
-        checked += 1
-print(checked)
-"""
-
-
-def test_validation_survives_python_O():
+def test_validation_survives_python_O(python_O):
     """Every rule above, run again with asserts stripped (python -O)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-O", "-c", OPTIMIZED_SCRIPT, here], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr or proc.stdout
-    assert int(proc.stdout.strip().splitlines()[-1]) == len(SPEC_CASES) + len(PHASE_CASES)
+    checked = python_O.rules("test_config", {"draftgraph.runtime.config.SpeculativeConfig": "SPEC_CASES",
+                                             "draftgraph.runtime.config.PhaseGraphConfig": "PHASE_CASES"})
+    assert checked == len(SPEC_CASES) + len(PHASE_CASES)

@@ -4,29 +4,25 @@ never read stale, and a drafter that stops helping is noticed."""
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 
 import pytest
 import torch
-from engine_support import MAX_NEW, models, prompts, reference
+from engine_support import MAX_NEW, engine_args, models, prompts, reference, tiny_worker
 
 from draftgraph.graphs.backend_compile import compiler_available
 from draftgraph.runtime import (
-    CudaGraphConfig,
     EagleDraftWorker,
-    PhaseGraphConfig,
-    RuntimeArgs,
     SpeculativeConfig,
     StaleWeightsError,
 )
 from draftgraph.runtime.engine import AcceptanceWatch, SpecDecodeEngine
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
-
-def _args(spec: SpeculativeConfig | None = None, max_bs: int = 4) -> RuntimeArgs:
-    spec = spec or SpeculativeConfig(3, 1)
-    return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)), max_running_requests=8)
+_args = functools.partial(engine_args, running=8)  # a chain of 3, graphs up to 4, eight request slots
+TINY = SpeculativeConfig(3, 2, 6)  # the tiny workers' draft shape
 
 
 def _random_like(sd: dict, seed: int = 1) -> dict:
@@ -158,14 +154,14 @@ def test_an_update_from_another_thread_while_8_requests_run():
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:8]]
     steps = [0]
     errors: list[BaseException] = []
-    go = threading.Event()
+    go, applied = threading.Event(), threading.Event()
 
     def updater():
         try:
             go.wait(30)
             engine.update_draft_weights(_random_like(original))
-            while engine.stats()["draft_weights"]["pending"]:
-                go.wait(0.001)
+            if not applied.wait(60):  # set by the serving thread once a step applied it
+                raise AssertionError("the first update was never applied")
             engine.update_draft_weights(original)
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -177,6 +173,8 @@ def test_an_update_from_another_thread_while_8_requests_run():
         steps[0] += 1
         if steps[0] == 2:
             go.set()
+        if engine.stats()["draft_weights"]["version"] >= 1:
+            applied.set()
     t.join(timeout=60)
     assert not t.is_alive() and not errors
     assert [engine.pop_result(i) for i in ids] == reference()[:8]
@@ -200,14 +198,6 @@ def test_a_replaced_parameter_is_refused_never_read_stale():
     assert engine.stats()["graph_replays"] > 0
 
 
-def _tiny_worker(backend: str, model: TinyDraftModel) -> EagleDraftWorker:
-    w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=(2, 4)))),
-                         model)
-    if backend != "eager":
-        w.capture_graphs(backend)
-    return w
-
-
 def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
     return [t.clone() for t in w.draft_forward(make_draft_input(b, 2, seed=seed))]
 
@@ -218,14 +208,14 @@ def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
 def test_graphs_read_the_new_weights_after_an_update(backend):
     """No backend freezes weights into its code: after an in-place update a replay equals a
     fresh eager worker built on the new weights."""
-    w = _tiny_worker(backend, TinyDraftModel(seed=0))
+    w = tiny_worker(TINY, bs=(2, 4), backend=backend, model=TinyDraftModel(seed=0))
     fresh_model = TinyDraftModel(seed=7)
     before = _outputs(w, 3, 11)
     assert w.update_draft_weights(fresh_model.state_dict()) == 1
     replays = w.counters.graph_replays
     got = _outputs(w, 3, 11)  # the update lands at the start of this step
     assert w.counters.graph_replays == replays + 1 and w.weights.version == 1
-    want = _outputs(_tiny_worker("eager", fresh_model), 3, 11)
+    want = _outputs(tiny_worker(TINY, bs=(2, 4), backend="eager", model=fresh_model), 3, 11)
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
     assert any(not torch.equal(g, b) for g, b in zip(got, before))  # the weights mattered
@@ -233,15 +223,16 @@ def test_graphs_read_the_new_weights_after_an_update(backend):
 
 def test_worker_refuses_a_replaced_parameter_by_name():
     model = TinyDraftModel(seed=0)
-    w = _tiny_worker("trace", model)
+    w = tiny_worker(TINY, bs=(2, 4), backend="trace", model=model)
     _outputs(w, 2, 1)
     model.mix = torch.nn.Parameter(model.mix.detach().clone(), requires_grad=False)
     with pytest.raises(StaleWeightsError, match="draft parameter 'mix' was replaced"):
         _outputs(w, 2, 1)
-    eager = _tiny_worker("eager", model)  # no graph: eager reads the module as it is now
+    eager = tiny_worker(TINY, bs=(2, 4), backend="eager", model=model)  # no graph: eager reads the module as it is now
     _outputs(eager, 2, 1)
 
 
+@pytest.mark.slow  # the slow tier: two serving phases of 16 requests
 def test_a_drafter_that_stops_helping_is_noticed_once(caplog):
     target, head = models()
     original = {k: v.clone() for k, v in head.state_dict().items()}

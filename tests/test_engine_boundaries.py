@@ -6,38 +6,32 @@ import pytest
 import torch
 from engine_support import models
 
-from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.engine.slot_state import StepBatch
 from draftgraph.runtime.models import greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
 
 
-def _engine(backend="eager", bs=(4, 8)):
-    target, head = models("eagle")
-    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=bs)), max_running_requests=8)
-    return SpecDecodeEngine(args, target, head, backend=backend, capture="blocking")
-
-
 @pytest.mark.parametrize("bad,frag", [([1, 2, 300], r"prompt_ids\[2\]=300"),
                                       ([-1], r"prompt_ids\[0\]=-1"),
                                       ([1, 2.0], r"prompt_ids\[1\]=2.0"),
                                       ([], "at least one token")])
-def test_bad_prompt_ids_rejected_at_add_request(bad, frag):
-    engine = _engine()
+def test_bad_prompt_ids_rejected_at_add_request(bad, frag, make_engine):
+    engine = make_engine(bs=(4, 8), running=8)
     with pytest.raises(ValueError, match=frag):
         engine.add_request(bad, 4)
     assert not engine.has_work()
 
 
-def test_too_long_request_rejected():
-    engine = _engine()
+def test_too_long_request_rejected(make_engine):
+    engine = make_engine(bs=(4, 8), running=8)
     with pytest.raises(ValueError, match="max_len"):
         engine.add_request([65] * 400, 200)
 
 
-def test_pad_rows_never_touch_live_kv():
-    engine = _engine(backend="trace")
+def test_pad_rows_never_touch_live_kv(make_engine):
+    engine = make_engine(backend="trace", bs=(4, 8), running=8)
     for p in held_out_prompts(3, seed=9):
         engine.add_request(list(p), 40)
     engine.step()  # admit and run one step: 3 live requests, replayed at padded size 4
@@ -58,6 +52,7 @@ def test_pad_rows_never_touch_live_kv():
         assert all(torch.equal(x, y) for x, y in zip(b, a))
 
 
+@pytest.mark.slow  # the slow tier: 8 prompts of 48 tokens against greedy
 def test_acceptance_on_held_out_prompts():
     target, head = models("eagle")
     prompts = [list(p) for p in held_out_prompts(8, seed=21)]
@@ -68,12 +63,12 @@ def test_acceptance_on_held_out_prompts():
     assert engine.stats()["accept_length_mean"] >= 2.5
 
 
-def test_reset_stats_starts_the_counters_afresh():
+def test_reset_stats_starts_the_counters_afresh(make_engine):
     """After a warm-up and reset_stats, stats() describe only what ran since: the same figures
     as a fresh engine serving the same requests (the engine is deterministic)."""
     target, head = models("eagle")
     prompts = [list(p) for p in held_out_prompts(2, seed=33)]
-    warmed = _engine()
+    warmed = make_engine(bs=(4, 8), running=8)
     warmed.generate([p[:8] for p in prompts], 4)
     assert warmed.stats()["tokens_generated"] == 8
     warmed.reset_stats()
@@ -81,7 +76,7 @@ def test_reset_stats_starts_the_counters_afresh():
     assert (zero["tokens_generated"], zero["steps"], zero["request_verifies"]) == (0, 0, 0)
     assert zero["accept_length_mean"] == 0.0
     out = warmed.generate(prompts, 16)
-    fresh = _engine()
+    fresh = make_engine(bs=(4, 8), running=8)
     assert out == fresh.generate(prompts, 16)
     keys = ("tokens_generated", "committed", "request_verifies", "verify_steps", "accept_length_mean")
     assert {k: warmed.stats()[k] for k in keys} == {k: fresh.stats()[k] for k in keys}

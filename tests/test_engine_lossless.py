@@ -3,15 +3,15 @@ multi-layer draft; graphs and eager; with a switch and a reload mid-generation."
 
 from __future__ import annotations
 
-import pytest
-from engine_support import MAX_NEW, models, prompts, reference
+import functools
 
-from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+import pytest
+from engine_support import MAX_NEW, engine_args, models, prompts, reference
+
+from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 
-
-def _args(spec: SpeculativeConfig, max_bs: int = 4, running: int = 6) -> RuntimeArgs:
-    return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)), max_running_requests=running)
+_args = functools.partial(engine_args, running=6)  # graphs up to 4, six request slots
 
 
 def _run(engine: SpecDecodeEngine) -> list[list[int]]:

@@ -6,19 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import MAX_NEW, models, prompts, reference
+from engine_support import MAX_NEW, prompts, reference
 
 import draftgraph.runtime.engine.pipeline as engine_mod
-from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import RequestFailed, SpecDecodeEngine
-
-
-def _engine(backend: str = "eager", running: int = 4, spec: SpeculativeConfig | None = None
-            ) -> SpecDecodeEngine:
-    target, head = models("eagle")
-    args = RuntimeArgs(spec or SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)),
-                       max_running_requests=running)
-    return SpecDecodeEngine(args, target, head, backend=backend, capture="blocking")  # graphs from step 1
 
 
 def _prompts(n: int = 16) -> list[list[int]]:
@@ -64,8 +55,8 @@ class _Target:
         return self._faulty(*args)
 
 
-def test_pop_result_takes_a_result_once():
-    engine = _engine()
+def test_pop_result_takes_a_result_once(make_engine):
+    engine = make_engine()
     ids = [engine.add_request(p, MAX_NEW) for p in _prompts(6)]
     assert engine.pop_result(ids[5]) is None  # waiting (4 slots)
     engine.step()
@@ -82,8 +73,8 @@ def test_pop_result_takes_a_result_once():
     assert not engine.has_work()
 
 
-def test_result_keeps_its_meaning_until_taken():
-    engine = _engine()
+def test_result_keeps_its_meaning_until_taken(make_engine):
+    engine = make_engine()
     rid = engine.add_request(_prompts(1)[0], MAX_NEW)
     assert engine.result(rid) == []
     engine.step()
@@ -95,8 +86,8 @@ def test_result_keeps_its_meaning_until_taken():
     assert engine.pop_result(rid) == reference()[0]
 
 
-def test_step_returns_the_ids_that_ended():
-    engine = _engine()
+def test_step_returns_the_ids_that_ended(make_engine):
+    engine = make_engine()
     ids = [engine.add_request(p, MAX_NEW) for p in _prompts(6)]
     ended: list[int] = []
     while engine.has_work():
@@ -104,7 +95,7 @@ def test_step_returns_the_ids_that_ended():
     assert sorted(ended) == ids
 
 
-def test_finished_requests_hold_no_tensors():
+def test_finished_requests_hold_no_tensors(make_engine):
     """Results left untaken keep their tokens only: the live tensor count does not grow with
     the number of finished requests (each used to keep its draft tensors)."""
     import gc
@@ -116,7 +107,7 @@ def test_finished_requests_hold_no_tensors():
             warnings.simplefilter("ignore")
             return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
-    engine = _engine()
+    engine = make_engine()
     ps = _prompts(8)
     for p in ps:  # warm up every batch size and path once
         engine.add_request(p[:12], 6)
@@ -132,8 +123,8 @@ def test_finished_requests_hold_no_tensors():
     assert live_tensors() - before < 8  # 40 more finished requests; before the fix: ~3 each
 
 
-def test_abort_waiting_and_running_requests():
-    engine = _engine(running=2)
+def test_abort_waiting_and_running_requests(make_engine):
+    engine = make_engine(running=2)
     ids = [engine.add_request(p, MAX_NEW) for p in _prompts(4)]
     engine.step()
     engine.step()  # ids[0], ids[1] running, ids[2], ids[3] waiting
@@ -158,10 +149,10 @@ def test_abort_waiting_and_running_requests():
     assert (st["requests_aborted"], st["requests_failed"]) == (3, 0)
 
 
-def test_admission_failures_lose_no_slot(monkeypatch):
+def test_admission_failures_lose_no_slot(monkeypatch, make_engine):
     """50 injected failures (target prefill and drafter prefill, half each) with 4 slots, then
     the normal requests: all served, equal to greedy, with the full capacity."""
-    engine = _engine(running=4)
+    engine = make_engine(running=4)
     by_prompt: dict[tuple[int, ...], int] = {}
     fail_target = set(range(0, 50, 2))
     fail_draft = set(range(1, 50, 2))
@@ -203,8 +194,8 @@ def test_admission_failures_lose_no_slot(monkeypatch):
     assert engine.generate(_prompts(4), MAX_NEW) == reference()[:4]
 
 
-def test_generate_raises_request_failed_after_taking_every_result(monkeypatch):
-    engine = _engine()
+def test_generate_raises_request_failed_after_taking_every_result(monkeypatch, make_engine):
+    engine = make_engine()
     calls = {"n": 0}
     real = engine_mod.prefill
 
@@ -222,8 +213,8 @@ def test_generate_raises_request_failed_after_taking_every_result(monkeypatch):
             engine.result(rid)  # all taken, none kept
 
 
-def test_interrupt_while_admitting_keeps_the_request(monkeypatch):
-    engine = _engine()
+def test_interrupt_while_admitting_keeps_the_request(monkeypatch, make_engine):
+    engine = make_engine()
     real = engine_mod.prefill
     state = {"armed": True}
 
@@ -248,9 +239,9 @@ def test_interrupt_while_admitting_keeps_the_request(monkeypatch):
     ("verify", MemoryError("injected verify fault"), "eager"),
     ("extend", KeyboardInterrupt(), "eager"),
 ])
-def test_a_fault_inside_the_step_loses_nothing(site, exc, backend, monkeypatch):
+def test_a_fault_inside_the_step_loses_nothing(site, exc, backend, monkeypatch, make_engine):
     """The step raises; the next steps serve every request, equal to greedy."""
-    engine = _engine(backend=backend, running=4)
+    engine = make_engine(backend=backend, running=4)
     armed = {"left": 1, "calls": 0}
 
     def fault(inner):

@@ -8,22 +8,13 @@ import sys
 import threading
 
 import pytest
-from engine_support import models, prompts
+from engine_support import engine_args, prompts
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.engine.metrics import register_engine_metrics
-
-
-def _args(s: int = 3) -> RuntimeArgs:
-    return RuntimeArgs(SpeculativeConfig(s, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)), max_running_requests=4)
-
-
-def _engine() -> SpecDecodeEngine:
-    target, head = models("eagle")
-    return SpecDecodeEngine(_args(), target, head, backend="eager", capture="blocking")
 
 
 @pytest.fixture
@@ -46,7 +37,7 @@ def _serve(engine: SpecDecodeEngine, rounds: int, reload: bool = False, reset_ev
             engine.step()
             steps += 1
             if reload:
-                engine.request_reload(_args(2 + steps % 2))
+                engine.request_reload(engine_args(SpeculativeConfig(2 + steps % 2, 1)))
         for rid in ids:
             engine.pop_result(rid)
         if reset_every and i % reset_every == reset_every - 1:
@@ -77,8 +68,9 @@ def _hammer(work, read) -> tuple[int, list[BaseException]]:
     return reads[0], errors
 
 
-def test_stats_from_another_thread_while_serving_and_reloading(fast_switching):
-    engine = _engine()
+@pytest.mark.slow  # the slow tier: reads under a 1 us switch interval while reloading
+def test_stats_from_another_thread_while_serving_and_reloading(fast_switching, make_engine):
+    engine = make_engine()
     reads, errors = _hammer(lambda: _serve(engine, 8, reload=True), engine.stats)
     assert reads > 100
     assert not errors, f"{len(errors)} of {reads} stats() calls raised: {errors[:3]}"
@@ -96,8 +88,9 @@ def _counters(registry) -> dict[tuple, float]:
     return out
 
 
-def test_counters_never_go_down_between_scrapes_even_across_reset_stats(fast_switching):
-    engine = _engine()
+@pytest.mark.slow  # the slow tier: thousands of scrapes under a 1 us switch interval
+def test_counters_never_go_down_between_scrapes_even_across_reset_stats(fast_switching, make_engine):
+    engine = make_engine()
     registry = CollectorRegistry()
     register_engine_metrics(engine, registry)
     last: dict[tuple, float] = {}
@@ -122,8 +115,8 @@ def test_counters_never_go_down_between_scrapes_even_across_reset_stats(fast_swi
     assert engine.stats()["tokens_generated"] < final[("draftgraph_tokens_generated_total", ())]  # reset
 
 
-def test_reset_stats_restarts_stats_not_the_exported_totals():
-    engine = _engine()
+def test_reset_stats_restarts_stats_not_the_exported_totals(make_engine):
+    engine = make_engine()
     registry = CollectorRegistry()
     register_engine_metrics(engine, registry)
     _serve(engine, 2)
@@ -158,8 +151,8 @@ class _EndHook(dict):
         return out
 
 
-def test_abort_of_a_request_ending_at_that_moment_reports_already_finished():
-    engine = _engine()
+def test_abort_of_a_request_ending_at_that_moment_reports_already_finished(make_engine):
+    engine = make_engine()
     ids = [engine.add_request(list(p)[:10], 3) for p in prompts()[:4]]
     hook = engine.requests._live = _EndHook(engine, engine.requests._live)  # noqa: SLF001 (the moment a request ends)
     while engine.has_work():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 from draftgraph.graphs import (
@@ -16,15 +15,6 @@ from draftgraph.graphs import (
     span,
 )
 from draftgraph.graphs import spans as spans_module
-
-
-@pytest.fixture()
-def nvtx_off():
-    was = nvtx_enabled()
-    disable_nvtx()
-    yield
-    if was:
-        enable_nvtx()
 
 
 def _manager() -> GraphCaptureManager:

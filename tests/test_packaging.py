@@ -272,3 +272,24 @@ def test_lint_is_clean_and_no_module_reads_another_ones_privates():
         done = subprocess.run([sys.executable, "-m", "ruff", *argv], cwd=root, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, f"ruff {' '.join(argv)}:\n{done.stdout[-3000:]}{done.stderr[-1000:]}"
+
+
+# ---- CI runs every tier --------------------------------------------------------------------------
+@pytest.mark.parametrize("make_rc,ci_rc", [(0, 0), (5, 1), (2, 2)])
+def test_ci_runs_every_tier_and_fails_when_no_test_ran(tmp_path, make_rc, ci_rc):
+    """.ci/run calls `make test-all` (a stand-in `make` on PATH records its arguments); pytest's
+    exit 5 (nothing collected) becomes a failure, other exit codes pass through."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    seen = tmp_path / "argv"
+    fake = tmp_path / "make"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {seen}\nexit {make_rc}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(root / ".ci" / "run")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert seen.read_text().split() == ["test-all"]
+    assert done.returncode == ci_rc, done.stderr
+    if make_rc == 5:
+        assert "exit 5" in done.stderr

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-from engine_support import models, prompts
+from engine_support import prompts
 
 from draftgraph.graphs import spans as spans_module
-from draftgraph.graphs.spans import disable_nvtx, enable_nvtx, nvtx_enabled, span, trace_spans
+from draftgraph.graphs.spans import disable_nvtx, enable_nvtx, span, trace_spans
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import cli
 from draftgraph.runtime.engine.engine import SpecDecodeEngine
@@ -23,23 +23,11 @@ SIM = ["simulate", "--requests", "3", "--adaptive", "", "--no-greedy", "--backen
        "--max-bs", "4", "--max-running", "4"]
 
 
-@pytest.fixture
-def nvtx_off():
-    was = nvtx_enabled()
-    disable_nvtx()
-    yield
-    if was:
-        enable_nvtx()
-
-
-def _engine(backend: str = "eager") -> SpecDecodeEngine:
-    target, draft = models()
-    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)),
-                       max_running_requests=4)
-    eng = SpecDecodeEngine(args, target, draft, backend=backend, capture="blocking")
+def _loaded(engine: SpecDecodeEngine) -> SpecDecodeEngine:
+    """``engine`` with four requests of 40 tokens added."""
     for p in prompts()[:4]:
-        eng.add_request(list(p), 40)
-    return eng
+        engine.add_request(list(p), 40)
+    return engine
 
 
 def _ranges(path) -> list[dict]:
@@ -92,8 +80,8 @@ def test_spans_only_without_a_dir_exits_2(capsys) -> None:
     assert "--profile-spans-only" in capsys.readouterr().err
 
 
-def test_a_window_of_five_steps_gives_five_step_ranges_with_their_stages(tmp_path, nvtx_off) -> None:
-    eng = _engine()
+def test_a_window_of_five_steps_gives_five_step_ranges_with_their_stages(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine())
     with profile_steps(eng, tmp_path, [(2, 6)], spans_only=True) as summary:
         for _ in range(9):
             eng.step()
@@ -115,8 +103,8 @@ def _within(inner: dict, outer: dict) -> bool:
     return outer["ts"] <= inner["ts"] <= outer["ts"] + outer["dur"]
 
 
-def test_two_windows_give_both_and_nothing_between(tmp_path, nvtx_off) -> None:
-    eng = _engine()
+def test_two_windows_give_both_and_nothing_between(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine())
     with profile_steps(eng, tmp_path, [(1, 2), (5, 6)], spans_only=True) as summary:
         for _ in range(8):
             eng.step()
@@ -128,9 +116,9 @@ def test_two_windows_give_both_and_nothing_between(tmp_path, nvtx_off) -> None:
     assert summary["windows"] == [[1, 2], [5, 6]] and summary["steps_recorded"] == 4
 
 
-def test_windows_drive_the_cuda_profiler_api(monkeypatch) -> None:
+def test_windows_drive_the_cuda_profiler_api(monkeypatch, make_engine) -> None:
     calls: list[tuple[str, int]] = []
-    eng = _engine()
+    eng = _loaded(make_engine())
     monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append(("start", eng.step_index)))
     monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append(("stop", eng.step_index)))
     with profile_steps(eng, None, [(1, 2), (4, 4)], cuda_profiler=True) as summary:
@@ -141,8 +129,8 @@ def test_windows_drive_the_cuda_profiler_api(monkeypatch) -> None:
     assert summary["steps_recorded"] == 3 and "trace" not in summary
 
 
-def test_a_window_still_open_at_close_is_written(tmp_path, nvtx_off) -> None:
-    eng = _engine()
+def test_a_window_still_open_at_close_is_written(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine())
     profiler = StepProfiler(tmp_path, [(1, 100)], spans_only=True, cuda_profiler=False)
     eng.profiler = profiler
     for _ in range(3):
@@ -156,8 +144,9 @@ def test_a_window_still_open_at_close_is_written(tmp_path, nvtx_off) -> None:
             pass
 
 
-def test_ops_trace_holds_aten_ops_and_the_same_ranges(tmp_path, nvtx_off) -> None:
-    eng = _engine("trace")
+@pytest.mark.slow  # the slow tier: a torch-profiler trace of every op
+def test_ops_trace_holds_aten_ops_and_the_same_ranges(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine(backend="trace"))
     with profile_steps(eng, tmp_path / "ops", [(1, 2)]) as ops:
         for _ in range(3):
             eng.step()
@@ -181,6 +170,7 @@ def _table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow  # the slow tier: a full simulate run with a trace
 def test_printed_table_and_json_agree_with_the_trace(tmp_path, capsys, nvtx_off) -> None:
     assert cli.main([*SIM, "--json", "--profile", str(tmp_path / "j"), "--profile-steps", "1-4",
                      "--profile-spans-only"]) == 0
@@ -205,7 +195,7 @@ def test_printed_table_and_json_agree_with_the_trace(tmp_path, capsys, nvtx_off)
     assert sum(prof["ranges"][s]["total_ms"] for s in STAGES if s in prof["ranges"]) <= step_total
 
 
-def test_nvtx_receives_the_same_names(monkeypatch, nvtx_off) -> None:
+def test_nvtx_receives_the_same_names(monkeypatch, nvtx_off, make_engine) -> None:
     pushed: list[str] = []
     depth = [0]
 
@@ -225,7 +215,7 @@ def test_nvtx_receives_the_same_names(monkeypatch, nvtx_off) -> None:
 
     monkeypatch.setattr(spans_module, "_nvtx", FakeNvtx)
     monkeypatch.setattr(spans_module._SWITCH, "domain", None)
-    eng = _engine()
+    eng = _loaded(make_engine())
     assert enable_nvtx()
     try:
         with trace_spans() as traced:
@@ -238,9 +228,9 @@ def test_nvtx_receives_the_same_names(monkeypatch, nvtx_off) -> None:
     assert {p.split("[")[0] for p in pushed} >= {"step", "admit", "draft", "verify", "extend"}
 
 
-def test_off_the_stage_spans_are_the_shared_null_context(nvtx_off) -> None:
+def test_off_the_stage_spans_are_the_shared_null_context(nvtx_off, make_engine) -> None:
     assert span("draft") is span("verify")  # nothing listens: no range object is built
-    eng = _engine()
+    eng = _loaded(make_engine())
     with trace_spans() as traced:
         pass
     eng.step()
@@ -248,9 +238,9 @@ def test_off_the_stage_spans_are_the_shared_null_context(nvtx_off) -> None:
     assert tuple(eng.stats()["stage_s"]) == STAGES
 
 
-def test_stage_plot_is_written_with_matplotlib(tmp_path, nvtx_off) -> None:
+def test_stage_plot_is_written_with_matplotlib(tmp_path, nvtx_off, make_engine) -> None:
     pytest.importorskip("matplotlib")
-    eng = _engine()
+    eng = _loaded(make_engine())
     with profile_steps(eng, tmp_path, [(0, 2)], spans_only=True) as summary:
         for _ in range(3):
             eng.step()
@@ -258,9 +248,9 @@ def test_stage_plot_is_written_with_matplotlib(tmp_path, nvtx_off) -> None:
     assert summary["stages_svg"] == str(tmp_path / "stages.svg") and "<svg" in svg
 
 
-def test_no_stage_plot_without_matplotlib(tmp_path, monkeypatch, nvtx_off) -> None:
+def test_no_stage_plot_without_matplotlib(tmp_path, monkeypatch, nvtx_off, make_engine) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
-    eng = _engine()
+    eng = _loaded(make_engine())
     with profile_steps(eng, tmp_path, [(0, 1)], spans_only=True) as summary:
         for _ in range(2):
             eng.step()
@@ -268,8 +258,8 @@ def test_no_stage_plot_without_matplotlib(tmp_path, monkeypatch, nvtx_off) -> No
     assert summary["ranges"]["step"]["calls"] == 2
 
 
-def test_a_reload_is_a_range_inside_its_step(tmp_path, nvtx_off) -> None:
-    eng = _engine()
+def test_a_reload_is_a_range_inside_its_step(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine())
     new = RuntimeArgs(SpeculativeConfig(2, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)),
                       max_running_requests=4)
     with profile_steps(eng, tmp_path, spans_only=True):
@@ -287,8 +277,8 @@ def test_a_reload_is_a_range_inside_its_step(tmp_path, nvtx_off) -> None:
     assert eng.worker.spec.num_steps == 2
 
 
-def test_a_profiler_attached_mid_window_records_the_rest(tmp_path, nvtx_off) -> None:
-    eng = _engine()
+def test_a_profiler_attached_mid_window_records_the_rest(tmp_path, nvtx_off, make_engine) -> None:
+    eng = _loaded(make_engine())
     eng.step()
     eng.step()
     with profile_steps(eng, tmp_path, [(0, 3), (5, 5)], spans_only=True) as summary:
@@ -300,10 +290,9 @@ def test_a_profiler_attached_mid_window_records_the_rest(tmp_path, nvtx_off) -> 
 
 
 # ---- issue 32: a failed export never takes a step's results; an ops recording is bounded -------
-def test_a_failing_export_returns_the_steps_results_and_is_reported(tmp_path, monkeypatch, caplog, nvtx_off):
-    target, draft = models()
-    args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)), max_running_requests=4)
-    eng = SpecDecodeEngine(args, target, draft, backend="eager", capture="blocking")
+def test_a_failing_export_returns_the_steps_results_and_is_reported(tmp_path, monkeypatch, caplog, nvtx_off,
+                                                                    make_engine):
+    eng = make_engine()
     quick = eng.add_request(list(prompts()[5]), 1)  # ends at admission: in step 0's results
     for p in prompts()[:3]:
         eng.add_request(list(p), 40)
@@ -327,11 +316,11 @@ def _retained(profiler: StepProfiler) -> int:
     return len(json.dumps(profiler._events))  # noqa: SLF001 (what the profiler holds until close)
 
 
-def test_ops_mode_without_windows_is_capped(tmp_path, monkeypatch, caplog, nvtx_off):
+def test_ops_mode_without_windows_is_capped(tmp_path, monkeypatch, caplog, nvtx_off, make_engine):
     from draftgraph.runtime.engine import profiling
 
     monkeypatch.setattr(profiling, "MAX_OPS_STEPS", 3)
-    eng = _engine()
+    eng = _loaded(make_engine())
     profiler = eng.profiler = StepProfiler(tmp_path, None, cuda_profiler=False)
     for _ in range(3):
         eng.step()

@@ -5,7 +5,6 @@ A TCPStore server on 127.0.0.1 (port chosen by the OS) stands for the process gr
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -43,10 +42,9 @@ def test_marked_round_makes_the_leader_look_and_readers_wait_for_the_final_word(
 
 def test_missing_leader_round_times_out_naming_rank_0(server):
     _, a = ranks(server, 2, timeout_s=0.3)
-    start = time.monotonic()
     with pytest.raises(RankTimeout, match="rank 0 did not publish poll round 5") as info:
         a.read_round(5)
-    assert info.value.missing == (0,) and time.monotonic() - start < 3.0
+    assert info.value.missing == (0,)
 
 
 def test_one_proposal_at_a_time(server):

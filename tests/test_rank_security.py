@@ -22,6 +22,8 @@ from draftgraph.runtime.ranks.coordinator import _abort_reason
 from draftgraph.runtime.ranks.launch import loopback_store
 from draftgraph.runtime.ranks.protocol import ProtocolError, RankProtocol
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-all, CI): rank processes and a hostile writer
+
 NOBODY = 65534
 
 

@@ -12,9 +12,10 @@ import sys
 import textwrap
 
 import pytest
-from engine_support import models
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs SIGHUP (POSIX)")
+pytestmark = [pytest.mark.slow,  # the slow tier (make test-all, CI): rank processes under the CLI
+              pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs SIGHUP (POSIX)"),
+              pytest.mark.usefixtures("trained_models")]  # subprocesses load the cached models
 
 # SIGHUP to the launcher itself while its ranks start (the models load in them meanwhile)
 DRIVER = textwrap.dedent("""
@@ -29,11 +30,6 @@ DRIVER = textwrap.dedent("""
     rt.spawn_ranks = spawn_ranks
     sys.exit(main(sys.argv[1:]))
 """)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _trained():
-    models("eagle")  # train (or load) once in this process; the ranks load the cache
 
 
 def test_sighup_to_the_launcher_reloads_every_rank(tmp_path):

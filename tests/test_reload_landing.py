@@ -4,6 +4,7 @@ boundary with the engine following it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -11,13 +12,11 @@ import signal
 import threading
 
 import pytest
-from engine_support import MAX_NEW, models, prompts, reference
+from engine_support import MAX_NEW, engine_args, models, prompts, reference
 from test_reload import FailingModel, args_for, captured
 
 from draftgraph.runtime import (
-    CudaGraphConfig,
     EagleDraftWorker,
-    PhaseGraphConfig,
     ReloadError,
     RuntimeArgs,
     SpeculativeConfig,
@@ -26,16 +25,7 @@ from draftgraph.runtime import (
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
-
-def _args(spec: SpeculativeConfig, max_bs: int = 4, running: int = 6) -> RuntimeArgs:
-    return RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=max_bs)), max_running_requests=running)
-
-
-def _serve(engine: SpecDecodeEngine, n: int = 4) -> list[list[int]]:
-    ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:n]]
-    while engine.has_work():
-        engine.step()
-    return [engine.pop_result(i) for i in ids]
+_args = functools.partial(engine_args, running=6)  # graphs up to 4, six request slots
 
 
 # ---- 1. checked when asked ------------------------------------------------------------------------
@@ -136,6 +126,7 @@ def test_superseded_requests_are_counted_and_logged(caplog):
     assert [engine.pop_result(i) for i in ids] == reference()[:2]
 
 
+@pytest.mark.slow  # the slow tier: 200 steps with a reload at each
 def test_reload_records_are_bounded_totals_are_not():
     target, head = models()
     engine = SpecDecodeEngine(_args(SpeculativeConfig(3, 1)), target, head, backend="eager")

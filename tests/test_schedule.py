@@ -103,7 +103,7 @@ def _greedy(draft: str, n: int = 10) -> list[list[int]]:
 
 @pytest.mark.parametrize("draft,backend,text", [
     ("eagle", "eager", "1:3,3:0,5:2"),
-    ("eagle", "trace", "1:3,3:0,5:2|4"),
+    pytest.param("eagle", "trace", "1:3,3:0,5:2|4", marks=pytest.mark.slow),  # captures every band
     ("multi_layer", "eager", "1:4,3:0,5:2"),
 ])
 def test_outputs_equal_greedy_across_bands_up_and_down_through_zero(draft, backend, text):
@@ -142,6 +142,7 @@ def test_reload_keeps_serving_the_schedule_losslessly():
     assert engine.stats()["schedule"]["schedule"] == "1:2,3:4"
 
 
+@pytest.mark.slow  # the slow tier: captures of every band state, twice
 @pytest.mark.parametrize("capture", ["blocking", "background"])
 def test_a_reload_under_a_schedule_captures_only_band_states(capture):
     target, head = models()

@@ -4,8 +4,12 @@ loopback, bounded in steps and time."""
 
 from __future__ import annotations
 
+import pytest
+
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig, spawn_ranks
 from draftgraph.runtime.schedule import SpeculationSchedule
+
+pytestmark = pytest.mark.slow  # the slow tier (make test-all, CI): two rank processes
 
 STEPS = 8
 MAX_NEW = 48

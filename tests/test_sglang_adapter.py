@@ -7,9 +7,6 @@ twin, and the override is SGLang's own ``EAGLEWorkerV2._override_worker_state``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import types
 
 import pytest
@@ -186,9 +183,9 @@ def test_spans_and_other_workers(sg):
         install_chain_buffers(object())
 
 
-def test_chain_rule_holds_under_python_O(tmp_path):
+def test_chain_rule_holds_under_python_O(python_O):
     # a duck-typed worker (no SGLang import: seconds saved); the check must not be an assert
-    script = textwrap.dedent("""
+    out = python_O.run("""
         import types
         from draftgraph.runtime.sglang.adapter import install_chain_buffers
         class W:
@@ -206,6 +203,5 @@ def test_chain_rule_holds_under_python_O(tmp_path):
         except ValueError as exc:
             print("ValueError", exc)
     """)
-    out = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ValueError speculative_num_draft_tokens=7 with topk=1" in out.stdout

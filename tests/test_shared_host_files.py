@@ -300,9 +300,7 @@ SIM = ("simulate", "--requests", "2", "--json", "--backend", "eager", "--adaptiv
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
-def test_sighup_while_the_console_script_starts_does_not_kill_it(tmp_path):
-    from engine_support import models
-    models("eagle")  # the default models are cached: the subprocess only loads them
+def test_sighup_while_the_console_script_starts_does_not_kill_it(tmp_path, trained_models):
     args = tmp_path / "args.json"
     args.write_text(ARGS)
     proc = subprocess.Popen([str(_console()), *SIM, "--reload-config", str(args)],

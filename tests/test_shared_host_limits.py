@@ -17,33 +17,22 @@ from pathlib import Path
 
 import psutil
 import pytest
-from engine_support import models
+from engine_support import engine_args
 
-from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime import SpeculativeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HUGE_POOL = 2_563_709  # max_running_requests of the reload file (8-slot engine)
 
 
-def _args(s=3, mrr=8, **kw) -> RuntimeArgs:
-    return RuntimeArgs(SpeculativeConfig(s, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=8)),
-                       max_running_requests=mrr, **kw)
-
-
-def _engine(adaptive=(1, 2, 3, 4, 5), **kw) -> SpecDecodeEngine:
-    target, draft = models("eagle")
-    return SpecDecodeEngine(_args(**kw), target, draft, backend="eager", adaptive_steps=adaptive)
-
-
 # ---- item 4: a reload's memory ------------------------------------------------------------------
-def test_reload_is_budgeted_whole_before_anything_is_allocated():
-    engine = _engine()
+def test_reload_is_budgeted_whole_before_anything_is_allocated(make_engine):
+    engine = make_engine(max_bs=8, running=8, adaptive_steps=(1, 2, 3, 4, 5))
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     # each of the five adaptive states fits 1 GiB alone (the largest, S=5: ~753 MiB); together ~2.3 GiB
     with pytest.raises(ValueError, match=r"5 states .* together: over max_state_bytes") as info:
-        engine.request_reload(_args(mrr=HUGE_POOL))
+        engine.request_reload(engine_args(max_bs=8, running=HUGE_POOL))
     assert "2,352" in str(info.value)  # MiB, the 2.3 GiB
     engine.add_request([1, 2, 3, 4], 6)
     for _ in range(4):
@@ -52,16 +41,16 @@ def test_reload_is_budgeted_whole_before_anything_is_allocated():
     assert engine.args.max_running_requests == 8 and engine.worker.reload_log.succeeded == 0
 
 
-def test_reload_file_cannot_raise_the_memory_limit_but_may_lower_it():
-    engine = _engine(adaptive=())  # one state per reload: the per-state check alone
+def test_reload_file_cannot_raise_the_memory_limit_but_may_lower_it(make_engine):
+    engine = make_engine(max_bs=8, running=8, adaptive_steps=())  # one state per reload: the per-state check alone
     # one state of S=5 over 4,000,000 rows needs ~1.15 GiB: over the operator's 1 GiB
-    raised = _args(s=5, mrr=4_000_000, max_state_bytes=1 << 40)
+    raised = engine_args(SpeculativeConfig(5, 1), max_bs=8, running=4_000_000, max_state_bytes=1 << 40)
     with pytest.raises(ValueError, match="a reload can only lower it"):
         engine.request_reload(raised)
     with pytest.raises(ValueError, match="max_state_bytes=4096"):  # lowering applies to that reload
-        engine.request_reload(_args(s=2, max_state_bytes=4096))
-    target, draft = models("eagle")  # the operator's own configuration may raise it
-    big = SpecDecodeEngine(_args(max_state_bytes=8 << 30), target, draft, backend="eager")
+        engine.request_reload(engine_args(SpeculativeConfig(2, 1), max_bs=8, running=8, max_state_bytes=4096))
+    # the operator's own configuration may raise it
+    big = make_engine(args=engine_args(max_bs=8, running=8, max_state_bytes=8 << 30))
     big.worker.check_reload(raised)  # checked only: nothing is built
     assert engine.worker.state_bytes_limit == 1 << 30 and big.worker.state_bytes_limit == 8 << 30
 
@@ -74,6 +63,7 @@ def _registry():
     return registry
 
 
+@pytest.mark.slow  # the slow tier: hundreds of idle connections to the metrics server
 def test_idle_connections_hold_no_threads_and_a_scrape_answers():
     from draftgraph.runtime.engine.metrics import serve_metrics
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 import importlib
 import pathlib
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the slow tier (make test-all, CI): the soak, 2,000 requests
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

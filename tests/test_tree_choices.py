@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -112,35 +109,9 @@ def test_args_file_json_and_toml(tmp_path):
         load_runtime_args(j)
 
 
-OPTIMIZED_SCRIPT = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-try:
-    assert False
-except AssertionError:
-    sys.exit("asserts are not stripped: not running under -O")
-import test_tree_choices as t
-from draftgraph.runtime.config import SpeculativeConfig
-checked = 0
-for kwargs, exc, fragment in t.TREE_CASES:
-    try:
-        SpeculativeConfig(**kwargs)
-    except exc as err:
-        if fragment not in str(err):
-            sys.exit(f"{kwargs}: wrong message {err}")
-    else:
-        sys.exit(f"{kwargs}: no error under -O")
-    checked += 1
-print(checked)
-"""
-
-
-def test_tree_rules_survive_python_O():
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-O", "-c", OPTIMIZED_SCRIPT, here], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr or proc.stdout
-    assert int(proc.stdout.strip().splitlines()[-1]) == len(TREE_CASES)
+def test_tree_rules_survive_python_O(python_O):
+    checked = python_O.rules("test_tree_choices", {"draftgraph.runtime.config.SpeculativeConfig": "TREE_CASES"})
+    assert checked == len(TREE_CASES)
 
 
 @pytest.mark.parametrize("text,where", [("not json", "column 1"), ("[[0], [1", "column 9"),

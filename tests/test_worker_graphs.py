@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_support import tiny_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import assert_same
 from draftgraph.graphs import GraphCaptureManager, record_spans
-from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime import EagleDraftWorker, SpeculativeConfig
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
@@ -19,12 +20,7 @@ MAX_REQUESTS = 20  # chain capacity above the largest graph: eager fallbacks sti
 
 def captured_worker(k: int, s: int = 3, n: int | None = None, device: str = "cpu",
                     backend: str = "trace") -> EagleDraftWorker:
-    args = RuntimeArgs(SpeculativeConfig(s, k, n), CudaGraphConfig(PhaseGraphConfig(bs=SIZES)),
-                       max_running_requests=MAX_REQUESTS, device=device)
-    model = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0, device=device)
-    w = EagleDraftWorker(args, model)
-    w.capture_graphs(backend)
-    return w
+    return tiny_worker(SpeculativeConfig(s, k, n), bs=SIZES, running=MAX_REQUESTS, device=device, backend=backend)
 
 
 @pytest.fixture(scope="module")
