@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import span
+from draftgraph.graphs import resolve_backend, span
 
 from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
@@ -30,6 +30,7 @@ from .draft_input import unpack_draft_input
 from .draft_result import DraftResult
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
+from .stored_steps import stored_code
 from .topology import Selector, TopologyBuffers
 from .validation import ConfigTypeError
 from .weights import StorageGuard, WeightRefit
@@ -97,6 +98,12 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             return False
         with self.slot.lock:
             return self.weights.apply_pending()
+
+    def _stored_code(self, state: RuntimeState, backend: str) -> Any:
+        """The compiled-code store for the compile backend (`runtime.stored_steps`), else None."""
+        if resolve_backend(backend, self.device) != "compile":
+            return None
+        return stored_code(self, state, self.draft_model)
 
     def _new_manager(self, state: RuntimeState, backend: str) -> Any:
         """The base manager, with the storage of the draft tensors its graphs will read."""

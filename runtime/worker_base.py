@@ -256,11 +256,17 @@ class EagleDraftWorkerBase(ReloadMixin):
         """(step, static_inputs, pad_values) of one draft step of ``state``; subclasses define it."""
         raise NotImplementedError
 
+    def _stored_code(self, state: RuntimeState, backend: str) -> Any:
+        """Where ``state``'s compiled steps are stored and loaded from (`StoredCode`), or None
+        (subclass hook; the base stores nothing)."""
+        return None
+
     def _new_manager(self, state: RuntimeState, backend: str) -> GraphCaptureManager:
         """An uncaptured manager of ``state``'s step, counting into ``state.replays``."""
         graph_step = self._graph_step(state, max(state.capture_sizes))
         return GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
-                                   backend=backend, pad_values=graph_step.pad_values, counters=state.replays)
+                                   backend=backend, pad_values=graph_step.pad_values, counters=state.replays,
+                                   stored=self._stored_code(state, backend))
 
     def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
         """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
@@ -285,6 +291,9 @@ class EagleDraftWorkerBase(ReloadMixin):
             return state
         manager = self._new_manager(state, backend)
         manager.begin()
+        start = time.perf_counter()
+        if manager.load_stored():  # compiled code from the store: tens of ms a size, no recording
+            state.capture_s += time.perf_counter() - start
         old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
         if old is not None:
             old.release()

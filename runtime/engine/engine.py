@@ -31,6 +31,7 @@ from draftgraph.runtime import AdaptiveStepController, ReloadError, RuntimeArgs,
 from draftgraph.runtime.counting import read_consistent
 from draftgraph.runtime.reload import PreparedReload
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.stored_steps import source_counts
 from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
@@ -674,7 +675,9 @@ class SpecDecodeEngine:
         ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
         ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
-        failed), ``eager_steps_by_reason`` and the queued units run and failed so far."""
+        failed), ``eager_steps_by_reason``, the queued units run and failed so far, and where the
+        live graphs came from (`runtime.stored_steps.source_counts`: compiled, loaded from the
+        compiled-code store, shared)."""
         states = self._states()
         queue = self.worker.capture_queue
         idle = queue.idle_since if queue.pending() == 0 else None
@@ -689,6 +692,7 @@ class SpecDecodeEngine:
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
+            **source_counts(states),
         }
 
     def _states(self) -> list[Any]:
