@@ -39,7 +39,9 @@ import torch
 from torch import Tensor, fx
 
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
+from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
+from .errors import GraphCaptureError
 from .protocol import FlatStep
 
 __all__ = ["CompileBackend", "compiler_available", "inductor_cache_dir", "prepare_background_compile"]
@@ -178,14 +180,18 @@ class CompileBackend(TraceBackend):
     With a ``store`` (`CompiledStore`), a ``constants`` table (name -> every tensor the step may
     read: see `compiled_entry`) and a ``structure`` string (what the step is), each compiled
     size is written to the store and `load` (tried first by `capture`) replays stored code
-    without recording or compiling; ``loaded`` / ``shared`` / ``stored`` count them.
+    without recording or compiling; ``loaded`` / ``shared`` / ``stored`` count them. With a
+    ``compiler`` (`CompileWorker`) inductor runs in that process: this one records, loads the
+    returned code and checks it; a compile process that dies fails the size
+    (`GraphCaptureError`: it serves eager, counted) instead of falling back to the FX replay.
     """
 
     name = "compile"
 
     def __init__(self, rows: int, compile_fn: Callable[..., Any] | None = None,
                  check_speed: bool = False, store: CompiledStore | None = None,
-                 constants: Mapping[str, Tensor] | None = None, structure: str | None = None) -> None:
+                 constants: Mapping[str, Tensor] | None = None, structure: str | None = None,
+                 compiler: CompileWorker | None = None) -> None:
         super().__init__(rows)
         self.replay_engine = "fx"  # the recorded graph; the compiled runner replaces it per size
         self._compile_fn = compile_fn
@@ -196,6 +202,7 @@ class CompileBackend(TraceBackend):
         self._store = store if usable else None
         self._table = ConstantTable(constants) if usable and constants is not None else None
         self._structure = structure or ""
+        self._compiler = compiler  # compile in that process, off this one's interpreter lock
         self.loaded = 0
         self.shared = 0
         self.stored = 0
@@ -281,7 +288,7 @@ class CompileBackend(TraceBackend):
             graph.prefer_eager = bool(manifest["prefer_eager"])
         return graph
 
-    def _save(self, graph: TraceGraph, artifact: Any, constants: tuple[Tensor, ...]) -> None:
+    def _save(self, graph: TraceGraph, artifact: Any, constants: tuple[Tensor, ...], raw: bytes | None) -> None:
         """Write ``graph``'s compiled code and manifest to the store (skipped, logged, when a
         constant or an output is not in the constant table or the artifact cannot be saved)."""
         store, table = self._store, self._table
@@ -312,7 +319,7 @@ class CompileBackend(TraceBackend):
                 return
             outputs.append({"kind": "constant", **located})
         try:
-            raw = _artifact_bytes(artifact)
+            raw = raw if raw is not None else _artifact_bytes(artifact)
         except Exception as exc:  # torch could not serialize this one: it still serves
             logger.info("compile backend: size %d compiled but not stored (%s)", graph.size, exc)
             return
@@ -337,6 +344,9 @@ class CompileBackend(TraceBackend):
         modules_before = {id(m) for m in _loaded_modules()}
         try:
             runner, reason = self._compiled_runner(gm, args, size)
+        except CompileWorkerDied as exc:  # not the graph's fault: this size serves eager, counted
+            graph.release()
+            raise GraphCaptureError(f"size {size}: {exc}", size=size) from exc
         except Exception as exc:  # inductor raises many kinds; the FX replay stays correct
             runner, reason = None, f"compile failed: {type(exc).__name__}: {exc}"
         elapsed = time.perf_counter() - start
@@ -356,7 +366,7 @@ class CompileBackend(TraceBackend):
         if self.check_speed:
             self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
         if runner is not None:
-            self._save(graph, runner.compiled, runner.constants)
+            self._save(graph, runner.compiled, runner.constants, runner.raw)
         return graph
 
     def _time_against_eager(self, graph: TraceGraph | StoredGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]
@@ -388,13 +398,23 @@ class CompileBackend(TraceBackend):
         if _shares_storage(inputs):
             return None, "two inputs share memory"
         _use_cache_dir()
+        raw: bytes | None = None
+        if self._compiler is not None and self._compile_fn is None:
+            raw = self._compiler.compile(lifted, inputs)  # no lock held: this process goes on serving
+            with torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    compiled = _load_artifact(raw)
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
         compile_fn = self._compile_fn or (_inductor_artifact if self._store is not None else _inductor_compile)
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
-            before = _fx_source_keys()
-            try:
-                compiled = compile_fn(lifted, _copies(inputs))
-            finally:  # FX never frees generated sources: drop those of this compile's graphs
-                _evict_fx_sources(_fx_source_keys() - before)
+            if raw is None:
+                before = _fx_source_keys()
+                try:
+                    compiled = compile_fn(lifted, _copies(inputs))
+                finally:  # FX never frees generated sources: drop those of this compile's graphs
+                    _evict_fx_sources(_fx_source_keys() - before)
             want_in = _copies(inputs)
             got_in = _copies(inputs)
             want = lifted(*want_in)
@@ -412,6 +432,7 @@ class CompileBackend(TraceBackend):
 
         run.compiled = compiled  # type: ignore[attr-defined]
         run.constants = constants  # type: ignore[attr-defined]
+        run.raw = raw  # type: ignore[attr-defined]
         return run, None
 
 

@@ -55,7 +55,7 @@ def make_backend(name: str, rows: int, device: torch.device, auto: bool = False,
         if stored is None:
             return CompileBackend(rows, check_speed=auto)
         return CompileBackend(rows, check_speed=auto, store=stored.store, constants=stored.constants(),
-                              structure=stored.structure)
+                              structure=stored.structure, compiler=stored.compiler)
     if name == "eager":
         return EagerBackend()
     raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")

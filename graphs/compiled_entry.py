@@ -66,12 +66,14 @@ class CompiledStore(Protocol):
 
 class StoredCode(NamedTuple):
     """What a manager needs to store and load compiled code: the ``store``, the ``structure``
-    string of its step (model, configuration, code version: part of every key) and
-    ``constants()``, the constant table (name -> tensor) read when a capture starts."""
+    string of its step (model, configuration, code version: part of every key),
+    ``constants()``, the constant table (name -> tensor) read when a capture starts, and an
+    optional ``compiler`` (`compile_worker.CompileWorker`: compile in another process)."""
 
     store: CompiledStore
     structure: str
     constants: Callable[[], Mapping[str, Tensor]]
+    compiler: Any = None
 
 
 def _meta(t: Tensor) -> list[Any]:

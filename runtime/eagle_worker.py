@@ -99,16 +99,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         with self.slot.lock:
             return self.weights.apply_pending()
 
-    def _stored_code(self, state: RuntimeState, backend: str) -> Any:
-        """The compiled-code store for the compile backend (`runtime.stored_steps`), else None."""
+    def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
+        """The compiled-code store for the compile backend (`runtime.stored_steps`), else None;
+        ``background`` captures compile in the worker's compile process."""
         if resolve_backend(backend, self.device) != "compile":
             return None
-        return stored_code(self, state, self.draft_model)
+        return stored_code(self, state, self.draft_model, self.compile_process if background else None)
 
-    def _new_manager(self, state: RuntimeState, backend: str) -> Any:
+    def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> Any:
         """The base manager, with the storage of the draft tensors its graphs will read."""
         state.storage_guard = StorageGuard(self.draft_model)
-        return super()._new_manager(state, backend)
+        return super()._new_manager(state, backend, background)
 
     # ---- serving ---------------------------------------------------------------------------
     def draft_forward(self, draft_input: Any) -> DraftResult:

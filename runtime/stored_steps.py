@@ -84,19 +84,21 @@ def _constants(model: Any, state: RuntimeState) -> dict[str, torch.Tensor]:
     return out
 
 
-def stored_code(worker: Any, state: RuntimeState, model: Any) -> StoredCode | None:
-    """`StoredCode` for ``state``'s draft step under ``worker`` (None when the store is off)."""
+def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = None) -> StoredCode | None:
+    """`StoredCode` for ``state``'s draft step under ``worker`` (None when the store is off);
+    ``compiler``: a `CompileWorker` to compile in."""
     store = default_compile_store()
     if store is None:
         return None
-    return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state))
+    return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
 
 
-def source_counts(states: list[RuntimeState]) -> dict[str, Any]:
+def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the live graphs of ``states`` came from: ``units_recorded`` (recorded, compiled with
     the compile backend: ``units_compiled`` of them), ``units_loaded`` (compiled code from the
     store, no recording), ``units_shared`` (code this process compiled for an identical graph),
-    and the store's own counts (None when it is off)."""
+    the store's own counts (None when it is off) and the compile process's (``compile_process``:
+    compiles, deaths, ``compile_s`` spent compiling in it; None when none ran)."""
     out = {"units_recorded": 0, "units_compiled": 0, "units_loaded": 0, "units_shared": 0}
     for state in states:
         graphs = state.graphs
@@ -112,4 +114,5 @@ def source_counts(states: list[RuntimeState]) -> dict[str, Any]:
                 out["units_compiled"] += int(size.compile_s > 0)
     store = default_compile_store()
     out["compiled_store"] = store.as_dict() if store is not None else None
+    out["compile_process"] = compile_process
     return out

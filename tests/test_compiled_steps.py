@@ -172,3 +172,30 @@ def test_a_fresh_process_loads_every_size(stored_folder):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"1": "loaded", "2": "loaded"}
+
+
+@pytest.mark.slow
+def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(tmp_path, monkeypatch, caplog):
+    import signal
+    import time
+
+    _use_store(monkeypatch, tmp_path / "store")
+    w = EagleDraftWorker(_args(), TinyDraftModel(seed=0))
+    process = w.compile_process
+    with caplog.at_level(logging.WARNING):
+        w.capture_graphs("compile", background=True)  # the compile process starts with the first unit
+        deadline = time.monotonic() + 120
+        while process.pid() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(process.pid(), signal.SIGKILL)  # still importing torch: it cannot have answered
+        assert w.wait_graphs(600)
+    stats = w.state.graphs
+    assert len(stats.failed_sizes) == 1 and len(stats.captured_sizes) == 1
+    assert process.deaths == 1 and process.compiles == 1 and w.capture_queue.units_failed == 1
+    assert "compile process died" in caplog.text
+    eager = _worker("eager", TinyDraftModel(seed=0))
+    for b in SIZES:  # one size replays, the other serves eager ("capture_failed"); both are right
+        for g, e in zip(_outputs(w, b, 5), _outputs(eager, b, 5)):
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+    assert w.counters.eager_steps_by_reason.get("capture_failed") == 1
+    w.stop_capture()

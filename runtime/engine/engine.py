@@ -692,7 +692,7 @@ class SpecDecodeEngine:
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
-            **source_counts(states),
+            **source_counts(states, self.worker.compile_process_figures()),
         }
 
     def _states(self) -> list[Any]:
