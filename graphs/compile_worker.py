@@ -7,8 +7,8 @@ aten graph (pickled: its code, no tensors) and the shapes, strides and dtypes of
 a process of its own, which compiles it (``standalone_compile``, specialized on those shapes,
 over zero-filled stand-ins: the values never reach the code) and returns the artifact's bytes;
 the caller loads them (`backend_compile._load_artifact`, milliseconds) and checks the result
-bitwise as it checks an in-process compile. The process (``python -m
-draftgraph.graphs.compile_worker``, length-prefixed pickles over its stdin and stdout: a private
+bitwise as it checks an in-process compile. The process (`_serve` run by
+``python -c``, length-prefixed pickles over its stdin and stdout: a private
 pipe) is started on first use (it imports torch and inductor once), reused, and runs at a lower
 priority; it uses the same inductor cache folder. When it dies the
 call raises `CompileWorkerDied` (the caller's size stays eager, counted) and the next call
@@ -107,6 +107,7 @@ class CompileWorker:
         self._cache_dir = cache_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self._closing = False  # close() ends the process: a compile cut off then is no death
         self.compiles = 0
         self.deaths = 0
         self.compile_s = 0.0
@@ -116,8 +117,8 @@ class CompileWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the draftgraph this process runs
         if self._cache_dir:
             env["TORCHINDUCTOR_CACHE_DIR"] = self._cache_dir
-        return subprocess.Popen([sys.executable, "-m", "draftgraph.graphs.compile_worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        code = "from draftgraph.graphs.compile_worker import _serve; _serve()"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
         """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
@@ -125,17 +126,20 @@ class CompileWorker:
         request = (pickle.dumps(gm), [_meta(t) for t in inputs])
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
+                self._closing = False
                 self._proc = self._start()
             proc = self._proc
             try:
                 _send(proc.stdin, request)
                 status, payload, seconds = _receive(proc.stdout)
             except (EOFError, OSError, pickle.UnpicklingError) as exc:
-                self.deaths += 1
                 self._proc = None
                 with contextlib.suppress(OSError):
                     proc.kill()
                 code = proc.wait()
+                if self._closing:
+                    raise CompileWorkerDied("the compile process was closed") from exc
+                self.deaths += 1
                 logger.warning("compile process died (exit %s: %s); the next compile starts a new one", code, exc)
                 raise CompileWorkerDied(f"the compile process died (exit {code})") from exc
         if status != "ok":
@@ -152,7 +156,8 @@ class CompileWorker:
     def close(self) -> None:
         """End the compile process (a later compile starts a new one); waits for a compile in
         progress only as long as the caller's lock does (it kills the process)."""
-        proc, self._proc = self._proc, None
+        self._closing = True
+        proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
@@ -163,6 +168,3 @@ class CompileWorker:
         """Counts and seconds (JSON-ready)."""
         return {"compiles": self.compiles, "deaths": self.deaths, "compile_s": self.compile_s}
 
-
-if __name__ == "__main__":
-    _serve()

@@ -353,10 +353,8 @@ class EagleDraftWorkerBase(ReloadMixin):
         """Stop capturing in the background: no further unit runs (pending sizes serve eager)
         and the one in progress is waited for up to ``timeout_s``; True when none runs any more.
         The compile process (if any) ends too."""
-        stopped = self.capture_queue.stop(timeout_s)
-        if self._compile_process is not None:
-            self._compile_process.close()
-        return stopped
+        process = self._compile_process
+        return self.capture_queue.stop(timeout_s, interrupt=process.close if process is not None else None)
 
     def capture_pending(self, budget_s: float) -> int:
         """Run queued units in this thread, under the worker's lock, until ``budget_s`` is spent
