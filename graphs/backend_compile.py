@@ -27,6 +27,7 @@ import copy
 import importlib.util
 import logging
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -270,10 +271,18 @@ class CompileBackend(TraceBackend):
             else:
                 raise EntryError(f"output {i}: unknown kind {kind!r}")
         _use_cache_dir()
+        engine = manifest.get("code", "inductor")
         with torch.no_grad():
             before = _fx_source_keys()
             try:
-                compiled = _load_artifact(artifact)
+                if engine == "fx":  # the recorded graph itself (inductor had nothing it could save)
+                    compiled = pickle.loads(artifact)  # noqa: S301  # digest-checked, from our private store
+                    if not isinstance(compiled, fx.GraphModule):
+                        raise EntryError(f"fx entry holds a {type(compiled).__name__}, not a GraphModule")
+                elif engine == "inductor":
+                    compiled = _load_artifact(artifact)
+                else:
+                    raise EntryError(f"unknown code kind {engine!r}")
             finally:
                 _evict_fx_sources(_fx_source_keys() - before)
 
@@ -282,7 +291,7 @@ class CompileBackend(TraceBackend):
                 return compiled(*inputs)
 
         graph = StoredGraph(size, run, (*args, *constants), tuple(outputs), tuple(fresh), manifest.get("nodes"),
-                            nbytes)
+                            nbytes, engine)
         if self.check_speed and manifest.get("prefer_eager") is not None:  # timed when it was stored
             graph.replay_s, graph.eager_s = manifest.get("replay_s"), manifest.get("eager_s")
             graph.prefer_eager = bool(manifest["prefer_eager"])
@@ -318,14 +327,15 @@ class CompileBackend(TraceBackend):
                               graph.size, i)
                 return
             outputs.append({"kind": "constant", **located})
+        code = "inductor"
         try:
             raw = raw if raw is not None else _artifact_bytes(artifact)
-        except Exception as exc:  # torch could not serialize this one: it still serves
-            logger.info("compile backend: size %d compiled but not stored (%s)", graph.size, exc)
-            return
-        manifest = {"size": graph.size, "inputs": [list(a.shape) for a in inputs], "constants": where,
+        except Exception as exc:  # inductor saved nothing (a step with nothing to compile): store the graph
+            logger.debug("compile backend: size %d stores its recorded graph (%s)", graph.size, exc)
+            raw, code = pickle.dumps(_lift_constants(graph.module)[0]), "fx"
+        manifest = {"size": graph.size, "code": code, "inputs": [list(a.shape) for a in inputs], "constants": where,
                     "outputs": outputs, "nodes": graph.nodes, "torch": torch.__version__,
-                    "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None,
+                    "prefer_eager": graph.prefer_eager if graph.replay_s is not None and code == "inductor" else None,
                     "replay_s": graph.replay_s, "eager_s": graph.eager_s}
         store.put(self._key(graph.size, inputs), pack_entry(manifest, raw))
         self.stored += 1

@@ -101,6 +101,9 @@ class ConstantTable:
     def locate(self, t: Tensor) -> dict[str, Any] | None:
         """Where ``t`` lives: {name, offset, shape, stride} of a view of a named tensor's storage;
         None when no named tensor holds its storage."""
+        if t.numel() == 0:  # no memory to alias: any empty tensor of that shape will do
+            return {"name": None, "offset": 0, "shape": list(t.shape), "stride": list(t.stride()),
+                    "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device)}
         name = self._by_storage.get(_storage_ptr(t))
         if name is None or self.tensors[name].dtype != t.dtype:
             return None
@@ -108,6 +111,11 @@ class ConstantTable:
 
     def view(self, where: Mapping[str, Any]) -> Tensor:
         """The live view ``locate`` described (EntryError when it does not fit)."""
+        if where["name"] is None:
+            dtype = getattr(torch, str(where.get("dtype")), None)
+            if not isinstance(dtype, torch.dtype) or 0 not in where["shape"]:
+                raise EntryError(f"empty constant {where!r}: not an empty tensor of a torch dtype")
+            return torch.empty_strided(where["shape"], where["stride"], dtype=dtype, device=where["device"])
         base = self.tensors.get(where["name"])
         if base is None:
             raise EntryError(f"constant {where['name']!r} is not in the table")
@@ -165,12 +173,12 @@ class StoredGraph:
     """One size replayed by loaded code: the same contract as a recorded graph (fixed
     ``outputs``; fresh outputs copied into the backend's shared buffers)."""
 
-    engine = "inductor"
     fallback_reason: str | None = None
 
     def __init__(self, size: int, runner: Any, args: tuple[Tensor, ...], outputs: tuple[Tensor, ...],
-                 fresh: tuple[int, ...], nodes: int | None, nbytes: int) -> None:
+                 fresh: tuple[int, ...], nodes: int | None, nbytes: int, engine: str = "inductor") -> None:
         self.size = size
+        self.engine = engine  # "inductor", or "fx": the recorded graph itself (nothing to compile)
         self.nodes = nodes
         self.nbytes = nbytes
         self.outputs = outputs

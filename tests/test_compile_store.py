@@ -172,3 +172,11 @@ def test_constant_table_locates_views_and_refuses_views_outside():
     assert table.locate(torch.zeros(2)) is None
     with pytest.raises(EntryError, match="outside its storage"):
         table.view({**where, "offset": 11})
+
+
+def test_an_empty_constant_needs_no_name():
+    table = ConstantTable({})
+    where = table.locate(torch.zeros(8, 0, dtype=torch.long))
+    assert where is not None and where["name"] is None
+    view = table.view(where)
+    assert view.shape == (8, 0) and view.dtype == torch.long

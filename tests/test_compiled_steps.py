@@ -199,3 +199,23 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
     assert w.counters.eager_steps_by_reason.get("capture_failed") == 1
     w.stop_capture()
+
+
+def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
+    """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
+    for it, so the entry holds the recorded graph; a second worker loads it without recording."""
+    args = RuntimeArgs(SpeculativeConfig(1, 1), CudaGraphConfig(PhaseGraphConfig(bs=(2,))))
+    _use_store(monkeypatch, tmp_path / "store")
+    first = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    first.capture_graphs("compile")
+    assert {s: v.source for s, v in first.state.graphs.stats.sizes.items()} == {2: "recorded"}
+    _use_store(monkeypatch, tmp_path / "store")
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    second = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    second.capture_graphs("compile")
+    assert {s: (v.source, v.engine) for s, v in second.state.graphs.stats.sizes.items()} == {2: ("loaded", "fx")}
+    want = [t.clone() for t in first.draft_forward(make_draft_input(2, 1, seed=9))]
+    got = [t.clone() for t in second.draft_forward(make_draft_input(2, 1, seed=9))]
+    assert second.counters.graph_replays == 1
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
