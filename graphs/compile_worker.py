@@ -45,11 +45,15 @@ def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
 
 
-def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]]
+def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], threads: int
                       ) -> tuple[bytes, float]:
-    """In the compile process: (artifact bytes, seconds)."""
+    """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
+    threads (inductor's CPU code depends on it, and so does its cache key: the same count
+    makes the same code and shares the parent's cache entries)."""
     from .backend_compile import _artifact_bytes, _inductor_artifact
 
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     gm = pickle.loads(graph)  # noqa: S301  # our own parent's pickle, over a private pipe
     inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
               for shape, stride, dtype in metas]
@@ -83,18 +87,17 @@ def _serve() -> None:
     """The compile process's loop: one request in (stdin), one answer out (stdout), until EOF."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever inductor prints must not corrupt the answers
-    torch.set_num_threads(1)
     with contextlib.suppress(OSError, AttributeError):
         os.nice(10)  # serving comes first
     for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # imported as in a parent that compiles
         importlib.import_module(name)
     while True:
         try:
-            graph, metas = _receive(sys.stdin.buffer)
+            graph, metas, threads = _receive(sys.stdin.buffer)
         except EOFError:
             return
         try:
-            answer = ("ok", *_compile_in_child(graph, metas))
+            answer = ("ok", *_compile_in_child(graph, metas, threads))
         except Exception as exc:  # inductor's error goes back to the caller, the process goes on
             answer = ("error", f"{type(exc).__name__}: {exc}", 0.0)
         _send(out, answer)
@@ -123,7 +126,7 @@ class CompileWorker:
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
         """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
         `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
-        request = (pickle.dumps(gm), [_meta(t) for t in inputs])
+        request = (pickle.dumps(gm), [_meta(t) for t in inputs], torch.get_num_threads())
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._closing = False
