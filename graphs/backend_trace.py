@@ -205,6 +205,11 @@ class TraceGraph:
         return getattr(self._runner, "compiled", None)
 
     @property
+    def fresh(self) -> tuple[int, ...]:
+        """Indices of the outputs copied into the shared static output buffers at each replay."""
+        return tuple(i for i, _ in self._copies)
+
+    @property
     def module(self) -> fx.GraphModule:
         """The recorded graph (RuntimeError once released)."""
         if self._gm is None:
@@ -283,7 +288,7 @@ class TraceBackend:
                 offset = out.storage_offset() - rec_args[j].storage_offset() + args[j].storage_offset()
                 outputs.append(args[j].as_strided(out.size(), out.stride(), offset))
                 continue
-            buffer, new_bytes = self._buffer_for(i, out)
+            buffer, new_bytes = self.buffer_for(i, tuple(out.shape[1:]), out.dtype, out.device)
             nbytes += new_bytes
             outputs.append(buffer[:size])
             fresh.append(i)
@@ -295,16 +300,17 @@ class TraceBackend:
         logger.debug("trace: captured size %d with %d kernel nodes (%s replay)", size, nodes, graph.engine)
         return graph
 
-    def _buffer_for(self, index: int, out: Tensor) -> tuple[Tensor, int]:
-        """Shared static buffer for output ``index`` shaped like ``out``; (buffer, bytes newly allocated)."""
+    def buffer_for(self, index: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device
+                   ) -> tuple[Tensor, int]:
+        """Shared static buffer [rows, *tail] for output ``index``; (buffer, bytes newly allocated)."""
         buffer = self._buffers.get(index)
-        if buffer is not None and (buffer.shape[1:], buffer.dtype, buffer.device) == (
-            out.shape[1:], out.dtype, out.device,
+        if buffer is not None and (tuple(buffer.shape[1:]), buffer.dtype, buffer.device) == (
+            tuple(tail), dtype, torch.device(device),
         ):
             return buffer, 0
         if buffer is not None:
             logger.debug("trace: output %d changed shape/dtype across sizes; new buffer", index)
-        buffer = torch.empty((self._rows, *out.shape[1:]), dtype=out.dtype, device=out.device)
+        buffer = torch.empty((self._rows, *tail), dtype=dtype, device=device)
         self._buffers[index] = buffer
         return buffer, buffer.numel() * buffer.element_size()
 

@@ -12,6 +12,7 @@ from .backend_compile import CompileBackend, compiler_available
 from .backend_cuda import CudaBackend
 from .backend_eager import EagerBackend
 from .backend_trace import TraceBackend
+from .compiled_entry import StoredCode
 from .protocol import GraphBackend
 
 __all__ = ["BACKEND_NAMES", "make_backend", "resolve_backend"]
@@ -41,15 +42,20 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
     return name
 
 
-def make_backend(name: str, rows: int, device: torch.device, auto: bool = False) -> GraphBackend:
+def make_backend(name: str, rows: int, device: torch.device, auto: bool = False,
+                 stored: StoredCode | None = None) -> GraphBackend:
     """A fresh backend instance for a resolved ``name``; ``rows`` = the largest capture size;
-    ``auto``: chosen by "auto" (compile then times each size against eager)."""
+    ``auto``: chosen by "auto" (compile then times each size against eager); ``stored``: where
+    compiled code is stored and loaded from (the compile backend; the others ignore it)."""
     if name == "cuda":
         return CudaBackend(rows, device)
     if name == "trace":
         return TraceBackend(rows)
     if name == "compile":
-        return CompileBackend(rows, check_speed=auto)
+        if stored is None:
+            return CompileBackend(rows, check_speed=auto)
+        return CompileBackend(rows, check_speed=auto, store=stored.store, constants=stored.constants(),
+                              structure=stored.structure, compiler=stored.compiler)
     if name == "eager":
         return EagerBackend()
     raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")

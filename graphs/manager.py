@@ -33,6 +33,7 @@ from torch import Tensor
 
 from .backend_compile import prepare_background_compile
 from .backends import make_backend, resolve_backend
+from .compiled_entry import StoredCode
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
 from .protocol import CapturedGraph, GraphBackend, check_outputs, flatten_outputs
@@ -127,6 +128,8 @@ class GraphCaptureManager:
     DRAFTGRAPH_DEBUG_EVERY, read here). The eager backend captures nothing; its runs are
     counted as ``eager_runs``. ``counters`` is where runs are counted (default: a new
     `ReplayCounters`); a caller that recaptures with a new manager may pass the old one's.
+    ``stored`` (`StoredCode`): the compile backend stores each compiled size there and loads
+    stored code instead of recording and compiling again (see `load_stored`).
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class GraphCaptureManager:
         debug: bool | None = None,
         debug_every: int | None = None,
         counters: ReplayCounters | None = None,
+        stored: StoredCode | None = None,
     ) -> None:
         if not callable(step):
             raise TypeError(f"step={step!r}: must be callable")
@@ -153,6 +157,7 @@ class GraphCaptureManager:
             devices = sorted(map(str, self._static.devices()))
             raise ValueError(f"static_inputs on {devices}: backend 'cuda' needs CUDA tensors")
         self._step = step
+        self._stored = stored
         self._sizes = sizes
         self._table = padding_table(sizes) if self._backend_name != "eager" else ()
         self._debug = DebugConfig.resolve(debug, debug_every)
@@ -237,7 +242,7 @@ class GraphCaptureManager:
         for s, rec in sorted(self._records.items()):
             usage = c.usage(s)
             sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows,
-                                 rec.compile_s, rec.engine, rec.fallback)
+                                 rec.compile_s, rec.engine, rec.fallback, rec.source)
         return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), captures=self._captures,
                             replays=c.replays, eager_fallbacks=c.eager_fallbacks, eager_runs=c.eager_runs,
                             debug_checks=c.debug_checks)
@@ -291,7 +296,8 @@ class GraphCaptureManager:
             self._captured = True
             self._captures += 1
             return
-        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto)
+        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto,
+                               stored=self._stored)
         graphs: dict[int, CapturedGraph] = {}
         records: dict[int, CaptureRecord] = {}
         size = self.max_size
@@ -312,23 +318,30 @@ class GraphCaptureManager:
         self._captures += 1
         logger.debug("captured sizes %s with backend %s", self.captured_sizes, self._backend_name)
 
-    def _capture_one(self, backend: GraphBackend, size: int, copies: bool = False
-                     ) -> tuple[CapturedGraph, CaptureRecord]:
-        """Capture one size and time it (``copies``: record over stand-ins of the static rows)."""
+    def _capture_one(self, backend: GraphBackend, size: int, copies: bool = False, load_only: bool = False
+                     ) -> tuple[CapturedGraph | None, CaptureRecord | None]:
+        """Capture one size and time it (``copies``: record over stand-ins of the static rows;
+        ``load_only``: only the backend's stored code, (None, None) when it has none)."""
         with span("capture", size=size, backend=self._backend_name):
             start = time.perf_counter()
             with suppress_spans():  # spans in the step would not replay / would become graph ops
+                args = (size, self._flat_step, self._static.views(size))
                 if copies:
-                    graph = backend.capture(size, self._flat_step, self._static.views(size),
-                                            self._static.shadow_views(size))
+                    args += (self._static.shadow_views(size),)
+                if load_only:
+                    loader = getattr(backend, "load", None)
+                    graph = loader(*args) if loader is not None else None
+                    if graph is None:
+                        return None, None
                 else:
-                    graph = backend.capture(size, self._flat_step, self._static.views(size))
+                    graph = backend.capture(*args)
             elapsed = time.perf_counter() - start
         return graph, CaptureRecord(capture_s=elapsed, capture_bytes=graph.nbytes, nodes=graph.nodes,
                                     compile_s=float(getattr(graph, "compile_s", 0.0)),
                                     engine="eager" if getattr(graph, "prefer_eager", False)
                                     else str(getattr(graph, "engine", backend.name)),
-                                    fallback=getattr(graph, "fallback_reason", None))
+                                    fallback=getattr(graph, "fallback_reason", None),
+                                    source=str(getattr(graph, "source", "recorded")))
 
     @staticmethod
     def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:
@@ -382,24 +395,55 @@ class GraphCaptureManager:
                 raise GraphCaptureError(f"capture failed at size {size}: {type(exc).__name__}: {exc}",
                                         size=size) from exc
             raise
+        self._publish(size, graph, record, epoch)
+        return time.perf_counter() - start
+
+    def _publish(self, size: int, graph: CapturedGraph, record: CaptureRecord, epoch: int) -> None:
+        """Make ``graph`` the one `lookup` sees for ``size`` (discarded when released meanwhile)."""
         with self._lock:
             if self._epoch != epoch:  # released meanwhile
                 graph.release()
-                return time.perf_counter() - start
+                return
             self._records[size] = record
             self._graphs[size] = graph
             self._pending.discard(size)
             if not self._pending and not self._failed:
                 self._captured = True
                 self._captures += 1
-        return time.perf_counter() - start
+
+    def load_stored(self) -> int:
+        """Publish every pending size whose compiled code the backend loads from its store (no
+        recording, no compile: tens of milliseconds a size); the others stay pending for
+        `capture_size`. Returns how many were published. Cheap enough to call where serving
+        waits (a constructor); a backend without a store publishes nothing. Sizes run beside
+        serving the same way `capture_size` does (stand-ins, never the live rows)."""
+        if self._stored is None or self._backend_name != "compile":
+            return 0
+        with self._lock:
+            epoch = self._epoch
+            pending = sorted(self._pending, reverse=True)
+        if not pending:
+            return 0
+        backend = self._incremental_backend(epoch)
+        published = 0
+        for size in pending:
+            try:
+                graph, record = self._capture_one(backend, size, copies=backend.records_on_copies, load_only=True)
+            except Exception as exc:  # a load that fails leaves the size to capture_size
+                logger.warning("loading stored code for size %d failed: %s: %s", size, type(exc).__name__, exc)
+                continue
+            if graph is not None and record is not None:
+                self._publish(size, graph, record, epoch)
+                published += 1
+        return published
 
     def _incremental_backend(self, epoch: int) -> GraphBackend:
         """The backend of this incremental capture, made and warmed up on first use."""
         backend = self._backend
         if backend is not None:
             return backend
-        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto)
+        backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto,
+                               stored=self._stored)
         size = self.max_size
         args = self._static.shadow_views(size) if backend.records_on_copies else self._static.views(size)
         with span("warmup", size=size, backend=self._backend_name):

@@ -20,7 +20,8 @@ __all__ = ["CaptureRecord", "ManagerStats", "ReplayCounters", "SizeStats", "Size
 class SizeStats:
     """One captured size: capture seconds (compile included) and bytes, graph nodes (None if
     unknown), replays, pad rows; compile seconds, the replay engine ("fx", "inductor", "cuda",
-    ...) and why a compiled replay was not used (None when it was, or none was tried)."""
+    ...), why a compiled replay was not used (None when it was, or none was tried) and where
+    the graph came from (`CaptureRecord.source`)."""
 
     size: int
     capture_s: float
@@ -31,6 +32,7 @@ class SizeStats:
     compile_s: float = 0.0
     engine: str = ""
     fallback: str | None = None
+    source: str = "recorded"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ class ManagerStats:
 @dataclass(frozen=True)
 class CaptureRecord:
     """What capturing one size cost: seconds, pool bytes, kernel-launching nodes (None if unknown),
-    compile seconds, the replay engine and a compile fallback's reason."""
+    compile seconds, the replay engine, a compile fallback's reason and where the graph came
+    from ("recorded"; "loaded": compiled code from a store; "shared": code this process
+    compiled for an identical graph, loaded from the store)."""
 
     capture_s: float
     capture_bytes: int
@@ -76,6 +80,7 @@ class CaptureRecord:
     compile_s: float = 0.0
     engine: str = ""
     fallback: str | None = None
+    source: str = "recorded"
 
 
 class SizeUsage:

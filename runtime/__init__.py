@@ -25,6 +25,7 @@ from __future__ import annotations
 
 # first: `draftgraph simulate|generate` take SIGHUP before torch loads (see that module)
 from . import _console_signal  # noqa: F401  # isort: skip
+from . import _console_quiet  # noqa: F401  # isort: skip  # torch's NumPy notice, for the command only
 
 from .adaptive import AdaptiveStepController  # runtime states
 from .args_file import install_reload_signal, load_runtime_args  # configuration, reload

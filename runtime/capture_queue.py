@@ -172,8 +172,8 @@ class CaptureQueue:
             self.units_run += 1
         except (GraphCaptureError, ValueError) as exc:
             self.units_failed += 1
-            logger.warning("background capture of %r at size %d failed; that size serves eager: %s",
-                           state, size, exc)
+            log = logger.info if self._stopped else logger.warning  # cut off by stop: expected
+            log("background capture of %r at size %d failed; that size serves eager: %s", state, size, exc)
         except Exception as exc:  # released meanwhile, or anything else: never kill the thread
             self.units_failed += 1
             logger.warning("background capture of %r at size %d stopped: %s", state, size, exc)
@@ -224,14 +224,16 @@ class CaptureQueue:
                 self._done.wait(timeout=0.05 if left is None else min(left, 0.05))
 
     # ---- the background thread ---------------------------------------------------------------
-    def stop(self, timeout_s: float | None = 60.0) -> bool:
+    def stop(self, timeout_s: float | None = 60.0, interrupt: Callable[[], None] | None = None) -> bool:
         """Run no further unit (pending ones stay eager: cancelled, counted in ``units_failed``
         and logged) and wait up to ``timeout_s`` (never longer; None: without limit) for the
         one in progress. True when no unit is running any more; False, with a warning, when
         the thread still runs after the timeout (a hung unit: it is left behind as a daemon
         thread and publishes nothing the stopped queue does not expect). Called at exit as
-        well: a capture thread must not be cut off while torch tears down."""
-        return self._stop(timeout_s, log_cancelled=True)
+        well: a capture thread must not be cut off while torch tears down. ``interrupt`` is
+        called once no further unit can start and before the wait (the worker ends its compile
+        process there, so a unit waiting on a compile returns at once, counted failed)."""
+        return self._stop(timeout_s, log_cancelled=True, interrupt=interrupt)
 
     def stop_at_exit(self) -> None:
         """`stop` at interpreter exit: a unit in progress may finish (60 s at most), unless a
@@ -239,7 +241,8 @@ class CaptureQueue:
         if not self._abandoned:
             self._stop(60.0, log_cancelled=False)
 
-    def _stop(self, timeout_s: float | None, log_cancelled: bool) -> bool:
+    def _stop(self, timeout_s: float | None, log_cancelled: bool, interrupt: Callable[[], None] | None = None
+              ) -> bool:
         with self._lock:
             first = not self._stopped
             self._stopped = True
@@ -253,6 +256,8 @@ class CaptureQueue:
                 if cancelled and log_cancelled:
                     logger.warning("capture stopped: %d pending capture units cancelled (counted failed; "
                                    "their sizes serve eager)", cancelled)
+        if interrupt is not None:
+            interrupt()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             if thread.is_alive():

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import Miss, span
+from draftgraph.graphs import Miss, resolve_backend, span
 
 from .config import RuntimeArgs
 from .draft_checks import check_draft_values, debug_checks_enabled
@@ -44,6 +44,7 @@ from .draft_result import DraftResult
 from .draft_rows import DraftRowsLike, RowLayout, leaves, map_rows
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
 from .state import RuntimeState
+from .stored_steps import stored_code
 from .topology import Selector, TopologyBuffers
 from .validation import ConfigTypeError
 from .weights import StorageGuard, WeightRefit
@@ -112,10 +113,17 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         with self.slot.lock:
             return self.weights.apply_pending()
 
-    def _new_manager(self, state: RuntimeState, backend: str) -> Any:
+    def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
+        """The compiled-code store for the compile backend (`runtime.stored_steps`), else None;
+        ``background`` captures compile in the worker's compile process."""
+        if resolve_backend(backend, self.device) != "compile":
+            return None
+        return stored_code(self, state, self.draft_model, self.compile_process if background else None)
+
+    def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> Any:
         """The base manager, with the storage of the draft tensors its graphs will read."""
         state.storage_guard = StorageGuard(self.draft_model)
-        return super()._new_manager(state, backend)
+        return super()._new_manager(state, backend, background)
 
     # ---- serving ---------------------------------------------------------------------------
     def draft_forward(self, draft_input: Any) -> DraftResult:

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import torch
 
 from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
+from draftgraph.graphs.backend_compile import inductor_cache_dir
+from draftgraph.graphs.compile_worker import CompileWorker
 
 from .budget import check_state_budget, check_states_budget, largest_capture_size
 from .capture_queue import CaptureQueue
@@ -62,6 +64,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         self._state_bytes_limit = args.max_state_bytes  # the operator's: a reload only lowers it
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
         self.capture_queue = CaptureQueue(lambda: self.slot.active)
+        self._compile_process: CompileWorker | None = None
 
     # ---- configuration views -------------------------------------------------------------
     @property
@@ -256,11 +259,17 @@ class EagleDraftWorkerBase(ReloadMixin):
         """(step, static_inputs, pad_values) of one draft step of ``state``; subclasses define it."""
         raise NotImplementedError
 
-    def _new_manager(self, state: RuntimeState, backend: str) -> GraphCaptureManager:
+    def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
+        """Where ``state``'s compiled steps are stored and loaded from (`StoredCode`), or None
+        (subclass hook; the base stores nothing). ``background``: captured beside serving."""
+        return None
+
+    def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> GraphCaptureManager:
         """An uncaptured manager of ``state``'s step, counting into ``state.replays``."""
         graph_step = self._graph_step(state, max(state.capture_sizes))
         return GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
-                                   backend=backend, pad_values=graph_step.pad_values, counters=state.replays)
+                                   backend=backend, pad_values=graph_step.pad_values, counters=state.replays,
+                                   stored=self._stored_code(state, backend, background))
 
     def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
         """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
@@ -283,8 +292,11 @@ class EagleDraftWorkerBase(ReloadMixin):
         `runtime.capture_queue`); until a size is ready its steps run eager ("not_ready")."""
         if not state.capture_sizes or not self.captures_graphs:
             return state
-        manager = self._new_manager(state, backend)
+        manager = self._new_manager(state, backend, background=True)
         manager.begin()
+        start = time.perf_counter()
+        if manager.load_stored():  # compiled code from the store: tens of ms a size, no recording
+            state.capture_s += time.perf_counter() - start
         old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
         if old is not None:
             old.release()
@@ -304,6 +316,18 @@ class EagleDraftWorkerBase(ReloadMixin):
             if background:
                 return self._queue_capture(self.slot.active, backend)
             return self._capture_into(self.slot.active, backend)
+
+    @property
+    def compile_process(self) -> CompileWorker:
+        """The process that compiles this worker's background captures (spawned at its first
+        compile, off this process's interpreter lock; see `graphs.compile_worker`)."""
+        if self._compile_process is None:
+            self._compile_process = CompileWorker(str(inductor_cache_dir()))
+        return self._compile_process
+
+    def compile_process_figures(self) -> dict[str, Any] | None:
+        """The compile process's counts and seconds (None when it never ran)."""
+        return None if self._compile_process is None else self._compile_process.as_dict()
 
     def graphs_ready(self) -> bool:
         """True when no queued capture unit is pending."""
@@ -327,8 +351,10 @@ class EagleDraftWorkerBase(ReloadMixin):
 
     def stop_capture(self, timeout_s: float | None = 60.0) -> bool:
         """Stop capturing in the background: no further unit runs (pending sizes serve eager)
-        and the one in progress is waited for up to ``timeout_s``; True when none runs any more."""
-        return self.capture_queue.stop(timeout_s)
+        and the one in progress is waited for up to ``timeout_s``; True when none runs any more.
+        The compile process (if any) ends too."""
+        process = self._compile_process
+        return self.capture_queue.stop(timeout_s, interrupt=process.close if process is not None else None)
 
     def capture_pending(self, budget_s: float) -> int:
         """Run queued units in this thread, under the worker's lock, until ``budget_s`` is spent

@@ -18,6 +18,9 @@ from typing import Any
 # SGLang wraps select_top_k_tokens' later steps in torch.compile; eagerly it is bitwise the same
 # (see shared/sglang-oracle.md) and skips a multi-second CPU compile per shape.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+# The compiled-code store is off unless a test turns it on (tests/test_compile_store*.py): a
+# test that counts compiles must not load what an earlier test stored.
+os.environ.setdefault("DRAFTGRAPH_COMPILED", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -342,6 +342,8 @@ def _print_report(r: dict[str, Any]) -> None:
             ("start-up (first step servable)", f"{r['startup_s']:.2f} s"),
             ("graphs ready", _ready_text(r)),
             ("capture / compile (all states)", f"{r['capture_s']:.2f} s / {r['compile_s']:.2f} s"),
+            ("graphs compiled / loaded / shared", f"{r.get('units_compiled', 0)} / {r.get('units_loaded', 0)} / "
+                                                  f"{r.get('units_shared', 0)}"),
             ("eager steps by reason", r["eager_steps_by_reason"]),
             ("tokens/s before / after ready", _before_after_text(r)),
             ("reloads", _reloads_text(r["reloads"])),

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from draftgraph.runtime.counting import read_consistent
+from draftgraph.runtime.stored_steps import source_counts
 
 from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary
@@ -80,7 +81,9 @@ class EngineReport:
         ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
         ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
-        failed), ``eager_steps_by_reason`` and the queued units run and failed so far."""
+        failed), ``eager_steps_by_reason``, the queued units run and failed so far, and where the
+        live graphs came from (`runtime.stored_steps.source_counts`: compiled, loaded from the
+        compiled-code store, shared)."""
         states = self.boundary.states()
         queue = self.worker.capture_queue
         return {
@@ -93,6 +96,7 @@ class EngineReport:
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
+            **source_counts(states, self.worker.compile_process_figures()),
         }
 
 

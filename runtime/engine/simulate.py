@@ -25,7 +25,7 @@ from .profiling import profile_steps
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
 
-__all__ = ["SimulationConfig", "run_simulation"]
+__all__ = ["SimulationConfig", "run_simulation", "wait_with_progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,43 @@ def _take(engine: SpecDecodeEngine, rid: int) -> list[int]:
     return engine.result(rid) if out is None else out
 
 
+def _units(engine: SpecDecodeEngine) -> tuple[int, int]:
+    """(units done or failed, units in all) over the engine's states."""
+    states = engine.startup()["states"]
+    done = sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in states)
+    return done, done + sum(len(s["sizes_pending"]) for s in states)
+
+
+def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
+    """Wait until no capture unit is pending, with a progress bar on stderr (units done of all,
+    time left) when tqdm is installed; without it, one log line per unit."""
+    done, total = _units(engine)
+    if done >= total:
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is a dependency; stay usable without it
+        tqdm = None
+    bar = tqdm(total=total, initial=done, desc="draftgraph graphs", unit="unit", file=sys.stderr,
+               dynamic_ncols=True) if tqdm is not None else None
+    try:
+        while not engine.worker.wait_graphs(poll_s):
+            now, total = _units(engine)
+            if bar is not None:
+                bar.total = total
+                bar.update(now - done)
+            elif now != done:
+                logger.info("graphs: %d of %d capture units done", now, total)
+            done = now
+        now, total = _units(engine)
+        if bar is not None:
+            bar.total = total
+            bar.update(now - done)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, "SIGHUP", None),
                    rank: int | None = None, world_size: int = 1,
                    reload_signal: ProcessReloadSignal | None = None, registry: Any = None) -> dict[str, Any]:
@@ -135,10 +172,15 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     for _ in prompts:
         arrivals.append(int(t))
         t += rng.expovariate(cfg.arrival)
-    # ranks capture blocking: every rank must replay the same graph at every step
+    # ranks capture blocking: every rank must replay the same graph at every step. A single
+    # process asked to block queues the units and waits for them with a progress bar instead
+    # (the same graphs before the first step; the bar says how long is left).
+    waits = rank is None and cfg.capture == "blocking" and cfg.backend != "eager"
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
                               adaptive_steps=cfg.adaptive_steps or None,
-                              capture="blocking" if rank is not None else cfg.capture)
+                              capture="blocking" if rank is not None else "background" if waits else cfg.capture)
+    if waits:
+        wait_with_progress(engine)
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
@@ -205,6 +247,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"],
         "pad_rows": engine.worker.state.stats.pad_rows, **engine.startup(),
+        "capture": "blocking" if rank is not None else cfg.capture,
         **_before_after_ready(ready, start, start + loop_s, st["tokens_generated"]),
         "reloads": st["reloads"], "worker": st["worker"], "stage_s": st["stage_s"],
         "spec": st["spec"], "backend": engine.worker.state.graphs.backend_name

@@ -1,0 +1,173 @@
+"""Compiling off the serving process's interpreter lock: one spawned process runs inductor.
+
+Inductor's code generation is Python: run in a thread beside serving, it holds the GIL for
+seconds per graph and serving waits at every torch op (measured on 2 cores: the demo's loop
+fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded, constant-lifted
+aten graph (pickled: its code, no tensors) and the shapes, strides and dtypes of its inputs to
+a process of its own, which compiles it (``standalone_compile``, specialized on those shapes,
+over zero-filled stand-ins: the values never reach the code) and returns the artifact's bytes;
+the caller loads them (`backend_compile._load_artifact`, milliseconds) and checks the result
+bitwise as it checks an in-process compile. The process (`_serve` run by
+``python -c``, length-prefixed pickles over its stdin and stdout: a private
+pipe) is started on first use (it imports torch and inductor once), reused, and runs at a lower
+priority; it uses the same inductor cache folder. When it dies the
+call raises `CompileWorkerDied` (the caller's size stays eager, counted) and the next call
+starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, fx
+
+__all__ = ["CompileWorker", "CompileWorkerDied"]
+
+logger = logging.getLogger(__name__)
+
+
+class CompileWorkerDied(RuntimeError):
+    """The compile process ended before answering (killed, out of memory, crashed)."""
+
+
+def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
+
+
+def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], threads: int
+                      ) -> tuple[bytes, float]:
+    """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
+    threads (inductor's CPU code depends on it, and so does its cache key: the same count
+    makes the same code and shares the parent's cache entries)."""
+    from .backend_compile import _artifact_bytes, _inductor_artifact
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    gm = pickle.loads(graph)  # noqa: S301  # our own parent's pickle, over a private pipe
+    inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
+              for shape, stride, dtype in metas]
+    start = time.perf_counter()
+    with torch.no_grad():
+        artifact = _inductor_artifact(gm, inputs)
+    return _artifact_bytes(artifact), time.perf_counter() - start
+
+
+_LEN = struct.Struct("<Q")
+
+
+def _send(stream: Any, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: Any) -> Any:
+    head = stream.read(_LEN.size)
+    if len(head) != _LEN.size:
+        raise EOFError("the other end closed the pipe")
+    (n,) = _LEN.unpack(head)
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("the other end closed the pipe mid-message")
+    return pickle.loads(data)  # noqa: S301  # our own process's pickle, over a private pipe
+
+
+def _serve() -> None:
+    """The compile process's loop: one request in (stdin), one answer out (stdout), until EOF."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever inductor prints must not corrupt the answers
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(10)  # serving comes first
+    for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # imported as in a parent that compiles
+        importlib.import_module(name)
+    while True:
+        try:
+            graph, metas, threads = _receive(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            answer = ("ok", *_compile_in_child(graph, metas, threads))
+        except Exception as exc:  # inductor's error goes back to the caller, the process goes on
+            answer = ("error", f"{type(exc).__name__}: {exc}", 0.0)
+        _send(out, answer)
+
+
+class CompileWorker:
+    """A reusable compile process (see the module docstring). Thread-safe (one compile at a time)."""
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        self._cache_dir = cache_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._closing = False  # close() ends the process: a compile cut off then is no death
+        self.compiles = 0
+        self.deaths = 0
+        self.compile_s = 0.0
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the draftgraph this process runs
+        if self._cache_dir:
+            env["TORCHINDUCTOR_CACHE_DIR"] = self._cache_dir
+        code = "from draftgraph.graphs.compile_worker import _serve; _serve()"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
+        """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
+        `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
+        request = (pickle.dumps(gm), [_meta(t) for t in inputs], torch.get_num_threads())
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._closing = False
+                self._proc = self._start()
+            proc = self._proc
+            try:
+                _send(proc.stdin, request)
+                status, payload, seconds = _receive(proc.stdout)
+            except (EOFError, OSError, pickle.UnpicklingError) as exc:
+                self._proc = None
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                code = proc.wait()
+                if self._closing:
+                    raise CompileWorkerDied("the compile process was closed") from exc
+                self.deaths += 1
+                logger.warning("compile process died (exit %s: %s); the next compile starts a new one", code, exc)
+                raise CompileWorkerDied(f"the compile process died (exit {code})") from exc
+        if status != "ok":
+            raise RuntimeError(f"compile process: {payload}")
+        self.compiles += 1
+        self.compile_s += seconds
+        return payload
+
+    def pid(self) -> int | None:
+        """The compile process's id (None before the first compile or after it died)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def close(self) -> None:
+        """End the compile process (a later compile starts a new one); waits for a compile in
+        progress only as long as the caller's lock does (it kills the process)."""
+        self._closing = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+                proc.kill()
+            proc.wait()
+
+    def as_dict(self) -> dict[str, Any]:
+        """Counts and seconds (JSON-ready)."""
+        return {"compiles": self.compiles, "deaths": self.deaths, "compile_s": self.compile_s}
+

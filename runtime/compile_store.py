@@ -1,0 +1,240 @@
+"""The store of compiled draft steps: executable code on disk, kept as the model cache keeps weights.
+
+One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compiled_entry`),
+in a private folder (`private_dir`: created 0700, refused unless a real directory owned by this
+user and not writable by group or others), by default ``$DRAFTGRAPH_CACHE/compiled`` (else
+``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its payload,
+checked at every load. Loaded code runs in this process, so an entry is refused, named in a
+warning and removed (its graph is then recorded and compiled again) when it is not a regular
+file (a symlink, a FIFO), is owned by another user or writable by group or others, or its
+digest or format does not match. Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file
+renamed into place. The store is bounded: after each write, the least recently used entries
+(by modification time, refreshed at each load) are removed until the total is under the cap
+(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512). An unwritable folder falls back to a per-user
+temporary folder with one warning, as the model cache does; ``DRAFTGRAPH_COMPILED_DIR`` names
+another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import stat
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from .private_dir import UnsafeFolderError, create_exclusive, private_dir, read_regular
+
+__all__ = ["CompileStore", "DEFAULT_MAX_BYTES", "default_compile_store", "store_folder"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 512 << 20
+_MAGIC = b"DGCS1 "
+_HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest, newline
+_KEY = re.compile(r"[0-9a-f]{64}")
+_SUFFIX = ".dgc"
+
+
+class CompileStore:
+    """Compiled entries in ``folder`` (made private here: `UnsafeFolderError` when refused),
+    at most ``max_bytes`` in all. Thread-safe; counts ``hits``, ``misses``, ``refused``,
+    ``written`` and ``evicted``."""
+
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes={max_bytes!r}: must be an int >= 1")
+        self.folder = private_dir(folder)
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._written: set[str] = set()
+        self.hits = 0
+        self.misses = 0
+        self.refused = 0
+        self.written = 0
+        self.evicted = 0
+
+    def path(self, key: str) -> Path:
+        """The file of ``key`` (ValueError for a key that is not 64 hex digits)."""
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise ValueError(f"key={key!r}: must be 64 lowercase hex digits")
+        return self.folder / f"{key}{_SUFFIX}"
+
+    def get(self, key: str) -> bytes | None:
+        """The payload of ``key`` with its digest checked, or None (missing, or refused: see the
+        module docstring)."""
+        path = self.path(key)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        why = _unsafe(st)
+        if why is not None:
+            self.refuse(key, why)
+            return None
+        try:
+            raw = read_regular(path, self.max_bytes + _HEADER, "compiled entry")
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except (UnsafeFolderError, ValueError) as exc:
+            self.refuse(key, str(exc))
+            return None
+        head, payload = raw[:_HEADER], raw[_HEADER:]
+        if len(head) != _HEADER or not head.startswith(_MAGIC) or head[-1:] != b"\n":
+            self.refuse(key, "not a compiled entry of this format (header)")
+            return None
+        if hashlib.sha256(payload).hexdigest().encode() != head[len(_MAGIC):-1]:
+            self.refuse(key, "digest mismatch (damaged or changed)")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: the last to be evicted
+        self.hits += 1
+        return payload
+
+    def put(self, key: str, payload: bytes) -> None:
+        """Write ``payload`` under ``key`` (temporary file, then rename), then evict down to the cap.
+        An entry over the cap by itself is not written."""
+        path = self.path(key)
+        if len(payload) + _HEADER > self.max_bytes:
+            logger.info("compiled entry %s not stored: %d bytes, over the store's cap of %d", path.name,
+                        len(payload), self.max_bytes)
+            return
+        data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        fd, tmp = create_exclusive(self.folder, f".{key[:16]}.tmp", 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        with self._lock:
+            self._written.add(key)
+            self.written += 1
+        self._evict(keep=path)
+
+    def refuse(self, key: str, why: str) -> None:
+        """Log ``key``'s entry as refused (named, with ``why``) and remove it."""
+        path = self.path(key)
+        self.refused += 1
+        logger.warning("compiled entry %s refused: %s; removed, its graph is compiled again", path, why)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+    def written_here(self, key: str) -> bool:
+        """True when this store object wrote ``key`` (a later load is a shared compile)."""
+        return key in self._written
+
+    def entries(self) -> list[tuple[Path, int, float]]:
+        """(path, bytes, mtime) of every entry, least recently used first."""
+        found = []
+        for path in self.folder.glob(f"*{_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    found.append((path, st.st_size, st.st_mtime))
+        return sorted(found, key=lambda e: e[2])
+
+    def total_bytes(self) -> int:
+        """Bytes of every entry."""
+        return sum(n for _, n, _ in self.entries())
+
+    def _evict(self, keep: Path) -> None:
+        with self._lock:
+            entries = self.entries()
+            total = sum(n for _, n, _ in entries)
+            for path, n, _ in entries:
+                if total <= self.max_bytes:
+                    break
+                if path == keep:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    total -= n
+                    self.evicted += 1
+                    logger.debug("compiled entry %s evicted (least recently used)", path.name)
+
+    def as_dict(self) -> dict[str, object]:
+        """Counts and where the store lives (JSON-ready)."""
+        return {"folder": str(self.folder), "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
+                "refused": self.refused, "written": self.written, "evicted": self.evicted}
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """Why an entry's lstat says it must not be loaded (None when it may)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file (mode {st.st_mode:o})"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()}): another user's code is never loaded"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def store_folder() -> Path:
+    """``$DRAFTGRAPH_COMPILED_DIR`` when set, else ``$DRAFTGRAPH_CACHE/compiled`` (default
+    ``~/.cache/draftgraph/compiled``)."""
+    own = os.environ.get("DRAFTGRAPH_COMPILED_DIR", "").strip()
+    if own:
+        return Path(own).expanduser()
+    env = os.environ.get("DRAFTGRAPH_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "draftgraph"
+    return root / "compiled"
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get("DRAFTGRAPH_COMPILED_MAX_MB", "")
+    if not raw.strip():
+        return DEFAULT_MAX_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw!r}: must be a number of MiB > 0") from None
+    if not mb > 0:
+        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw!r}: must be a number of MiB > 0")
+    return max(1, int(mb * (1 << 20)))
+
+
+def default_compile_store() -> CompileStore | None:
+    """The process's store for `store_folder` (one object per folder and cap, so a compile of one
+    engine is a shared load for another); None when ``DRAFTGRAPH_COMPILED=0`` or no safe folder
+    exists (with one warning)."""
+    if os.environ.get("DRAFTGRAPH_COMPILED", "1").strip() == "0":
+        return None
+    return _store_for(str(store_folder()), _max_bytes())
+
+
+@lru_cache(maxsize=4)
+def _store_for(folder: str, max_bytes: int) -> CompileStore | None:
+    path = Path(folder)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store = CompileStore(path, max_bytes)
+        if os.access(store.folder, os.W_OK | os.X_OK):
+            return store
+        raise PermissionError(f"{path} is not writable")
+    except UnsafeFolderError as exc:
+        logger.warning("compiled-code store off: %s", exc)
+        return None
+    except OSError as exc:
+        uid = os.getuid() if hasattr(os, "getuid") else "user"
+        fallback = Path(tempfile.gettempdir()) / f"draftgraph-{uid}"
+        try:
+            store = CompileStore(private_dir(fallback) / "compiled", max_bytes)
+        except OSError as exc2:
+            logger.warning("compiled-code store off: %s is not usable (%s) and neither is %s (%s)", path, exc,
+                           fallback, exc2)
+            return None
+        logger.warning("compiled-code store folder %s is not writable (%s); using %s instead (set "
+                       "DRAFTGRAPH_CACHE to a writable folder to keep compiled code there)", path, exc, store.folder)
+        return store

@@ -1,0 +1,118 @@
+"""What a draft worker hands the graph manager so compiled steps store and load (`StoredCode`).
+
+- the **structure** string: everything the compiled code of one state's draft step depends on
+  besides the tensors' shapes (which the key covers): the worker and model classes, the model's
+  configuration, the speculative shape (S, k, N, a static tree), the chain capacity, the
+  device, and a digest of draftgraph's own source (a changed step never loads old code);
+- the **constant table**: every tensor the step may read, by a stable name: the draft model's
+  parameters and buffers, the tensors of its cache, the state's topology tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftgraph.graphs.compiled_entry import StoredCode
+
+from .compile_store import default_compile_store
+from .state import RuntimeState
+
+__all__ = ["code_digest", "source_counts", "stored_code"]
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 over draftgraph's ``runtime`` and ``graphs`` sources (names and bytes)."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for root in (here, here.parent / "graphs"):
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root.parent)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _config(model: Any) -> Any:
+    cfg = getattr(model, "cfg", None)
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {k: repr(v) for k, v in dataclasses.asdict(cfg).items()}
+    return repr(cfg) if cfg is not None else None
+
+
+def _structure(worker: Any, state: RuntimeState, model: Any) -> str:
+    spec = state.spec
+    args = worker.args
+    return json.dumps({
+        "worker": type(worker).__qualname__, "model": f"{type(model).__module__}.{type(model).__qualname__}",
+        "config": _config(model), "num_steps": spec.num_steps, "topk": spec.topk,
+        "num_draft_tokens": spec.num_draft_tokens, "tree": repr(spec.tree_choices),
+        "capacity": worker.chain_capacity, "device": str(args.device), "rows": worker.row_layout.describe(),
+        "code": code_digest(),
+    }, sort_keys=True)
+
+
+def _add(out: dict[str, torch.Tensor], name: str, value: Any) -> None:
+    """Every tensor in ``value`` (a tensor, or a tuple / list of them, nested) under ``name``."""
+    if isinstance(value, torch.Tensor):
+        out[name] = value
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _add(out, f"{name}.{i}", v)
+
+
+def _constants(model: Any, state: RuntimeState) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(model, torch.nn.Module):
+        for name, t in model.named_parameters():
+            out[f"model.{name}"] = t
+        for name, t in model.named_buffers():
+            out[f"model.{name}"] = t
+    cache = getattr(model, "cache", None)
+    for field in ("k", "v"):
+        _add(out, f"cache.{field}", getattr(cache, field, None))
+    buf = state.topology_buffers
+    if buf is not None:
+        for field in ("parents", "score_indices", "first_columns", "first_feed", "levels"):
+            _add(out, f"topology.{field}", getattr(buf, field, None))
+    return out
+
+
+def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = None) -> StoredCode | None:
+    """`StoredCode` for ``state``'s draft step under ``worker`` (None when the store is off);
+    ``compiler``: a `CompileWorker` to compile in."""
+    store = default_compile_store()
+    if store is None:
+        return None
+    return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
+
+
+def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where the live graphs of ``states`` came from: ``units_recorded`` (recorded, compiled with
+    the compile backend: ``units_compiled`` of them), ``units_loaded`` (compiled code from the
+    store, no recording), ``units_shared`` (code this process compiled for an identical graph),
+    the store's own counts (None when it is off) and the compile process's (``compile_process``:
+    compiles, deaths, ``compile_s`` spent compiling in it; None when none ran)."""
+    out = {"units_recorded": 0, "units_compiled": 0, "units_loaded": 0, "units_shared": 0}
+    for state in states:
+        graphs = state.graphs
+        if graphs is None:
+            continue
+        for size in graphs.stats.sizes.values():
+            if size.source == "loaded":
+                out["units_loaded"] += 1
+            elif size.source == "shared":
+                out["units_shared"] += 1
+            else:
+                out["units_recorded"] += 1
+                out["units_compiled"] += int(size.compile_s > 0)
+    store = default_compile_store()
+    out["compiled_store"] = store.as_dict() if store is not None else None
+    out["compile_process"] = compile_process
+    return out

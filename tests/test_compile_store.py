@@ -1,0 +1,182 @@
+"""The compiled-code store (`runtime.compile_store`) and the entry format (`graphs.compiled_entry`):
+digests, refusals, the size cap, the folder rules; no compiling here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+from draftgraph.graphs.compiled_entry import ConstantTable, EntryError, entry_key, pack_entry, unpack_entry
+from draftgraph.runtime.compile_store import CompileStore, default_compile_store
+from draftgraph.runtime.private_dir import UnsafeFolderError
+
+KEY_A = "a" * 64
+KEY_B = "b" * 64
+KEY_C = "c" * 64
+
+
+def test_put_then_get_returns_the_payload(tmp_path):
+    store = CompileStore(tmp_path / "s")
+    assert store.get(KEY_A) is None
+    store.put(KEY_A, b"payload")
+    assert store.get(KEY_A) == b"payload"
+    assert store.written_here(KEY_A) and not store.written_here(KEY_B)
+    assert (store.hits, store.misses, store.written) == (1, 1, 1)
+    assert oct(os.stat(store.folder).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(store.path(KEY_A)).st_mode & 0o777) == "0o600"
+
+
+def test_a_damaged_entry_is_named_refused_and_removed(tmp_path, caplog):
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"x" * 100)
+    path = store.path(KEY_A)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None
+    assert str(path) in caplog.text and "digest mismatch" in caplog.text
+    assert not path.exists() and store.refused == 1
+
+
+def test_a_cut_entry_is_refused(tmp_path):
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"x" * 100)
+    path = store.path(KEY_A)
+    path.write_bytes(path.read_bytes()[:20])
+    assert store.get(KEY_A) is None and store.refused == 1
+
+
+def test_an_entry_writable_by_others_is_refused(tmp_path, caplog):
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"code")
+    os.chmod(store.path(KEY_A), 0o666)
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None
+    assert "writable by group or others" in caplog.text
+
+
+def test_a_symlinked_entry_is_refused(tmp_path, caplog):
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_B, b"code")
+    os.symlink(store.path(KEY_B), store.path(KEY_A))
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None
+    assert "symlink" in caplog.text
+    assert store.get(KEY_B) == b"code"  # the target itself is untouched
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to chown")
+def test_an_entry_of_another_user_is_not_loaded(tmp_path, caplog):
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"code")
+    os.chown(store.path(KEY_A), 65534, 65534)
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None
+    assert "owned by uid 65534" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to chown")
+def test_a_folder_of_another_user_is_refused(tmp_path):
+    folder = tmp_path / "s"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(UnsafeFolderError, match="owned by uid 65534"):
+        CompileStore(folder)
+
+
+def test_the_store_stays_under_its_cap_least_recently_used_out(tmp_path):
+    store = CompileStore(tmp_path / "s", max_bytes=2000)
+    store.put(KEY_A, b"a" * 700)
+    store.put(KEY_B, b"b" * 700)
+    old = time.time() - 100
+    os.utime(store.path(KEY_B), (old, old))  # B is the least recently used now
+    os.utime(store.path(KEY_A), (old + 50, old + 50))
+    store.put(KEY_C, b"c" * 700)
+    assert store.total_bytes() <= 2000
+    assert store.path(KEY_A).exists() and store.path(KEY_C).exists() and not store.path(KEY_B).exists()
+    assert store.evicted == 1
+
+
+def test_an_entry_over_the_cap_is_not_written(tmp_path):
+    store = CompileStore(tmp_path / "s", max_bytes=100)
+    store.put(KEY_A, b"a" * 200)
+    assert store.get(KEY_A) is None and store.total_bytes() == 0
+
+
+def test_bad_keys_and_caps(tmp_path):
+    store = CompileStore(tmp_path / "s")
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        store.get("../../etc/passwd")
+    with pytest.raises(ValueError, match="max_bytes"):
+        CompileStore(tmp_path / "t", max_bytes=0)
+
+
+def test_an_unusable_folder_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED_DIR", str(blocker / "compiled"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with caplog.at_level(logging.WARNING):
+        store = default_compile_store()
+        again = default_compile_store()
+    assert store is not None and store is again
+    assert str(store.folder).startswith(str(tmp_path / "tmp"))
+    assert caplog.text.count("not writable") == 1
+
+
+def test_the_store_is_off_on_request(monkeypatch):
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "0")
+    assert default_compile_store() is None
+
+
+def test_entry_payload_round_trip_and_refusals():
+    manifest = {"size": 4, "outputs": []}
+    manifest_back, artifact = unpack_entry(pack_entry(manifest, b"ART"))
+    assert (manifest_back, artifact) == (manifest, b"ART")
+    with pytest.raises(EntryError, match="shorter than the header"):
+        unpack_entry(b"xx")
+    with pytest.raises(EntryError, match="not a draftgraph compiled entry"):
+        unpack_entry(b"ELF!" + bytes(20))
+
+
+def test_keys_differ_by_structure_torch_version_size_and_shapes(monkeypatch):
+    w = torch.zeros(3, 4)
+    table = ConstantTable({"w": w})
+    x = (torch.zeros(2, 4),)
+    base = entry_key("model-1", 2, x, table, "compile")
+    assert entry_key("model-1", 2, x, table, "compile") == base
+    assert entry_key("model-2", 2, x, table, "compile") != base
+    assert entry_key("model-1", 4, x, table, "compile") != base
+    assert entry_key("model-1", 2, x, table, "trace") != base
+    assert entry_key("model-1", 2, x, ConstantTable({"w": torch.zeros(3, 5)}), "compile") != base
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert entry_key("model-1", 2, x, table, "compile") != base
+
+
+def test_constant_table_locates_views_and_refuses_views_outside():
+    w = torch.arange(12.0).reshape(3, 4)
+    table = ConstantTable({"w": w})
+    where = table.locate(w[1:, 2:])
+    assert where == {"name": "w", "offset": 6, "shape": [2, 2], "stride": [4, 1]}
+    assert torch.equal(table.view(where), w[1:, 2:])
+    assert table.locate(torch.zeros(2)) is None
+    with pytest.raises(EntryError, match="outside its storage"):
+        table.view({**where, "offset": 11})
+
+
+def test_an_empty_constant_needs_no_name():
+    table = ConstantTable({})
+    where = table.locate(torch.zeros(8, 0, dtype=torch.long))
+    assert where is not None and where["name"] is None
+    view = table.view(where)
+    assert view.shape == (8, 0) and view.dtype == torch.long

@@ -1,0 +1,221 @@
+"""Compiled draft steps that load from the store: no recording, no compile, same outputs, live
+weights; a damaged entry is rebuilt; identical graphs share one compile; a fresh process loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftgraph.graphs import backend_trace
+from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.runtime import (
+    CudaGraphConfig,
+    EagleDraftWorker,
+    PhaseGraphConfig,
+    RuntimeArgs,
+    SpeculativeConfig,
+    stored_steps,
+)
+from draftgraph.runtime.compile_store import CompileStore
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+
+pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")
+
+SIZES = (1, 2)
+
+
+def _args() -> RuntimeArgs:
+    return RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=SIZES)))
+
+
+def _use_store(monkeypatch, folder: Path) -> CompileStore:
+    """A fresh store object on ``folder`` (as a new process would open it)."""
+    store = CompileStore(folder)
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setattr(stored_steps, "default_compile_store", lambda: store)
+    return store
+
+
+def _worker(backend: str, model: TinyDraftModel, background: bool = False) -> EagleDraftWorker:
+    w = EagleDraftWorker(_args(), model)
+    if backend != "eager":
+        w.capture_graphs(backend, background=background)
+        assert w.wait_graphs(600)
+    return w
+
+
+def _sources(w: EagleDraftWorker) -> dict[int, str]:
+    return {s: v.source for s, v in w.state.graphs.stats.sizes.items()}
+
+
+def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
+    return [t.clone() for t in w.draft_forward(make_draft_input(b, 2, seed=seed))]
+
+
+def _no_recording(*_a, **_k):
+    raise AssertionError("recorded a step that the store holds")
+
+
+@pytest.fixture(scope="module")
+def stored_folder(tmp_path_factory) -> Path:
+    """A store filled by one worker that recorded and compiled every size."""
+    folder = tmp_path_factory.mktemp("compiled") / "store"
+    mp = pytest.MonkeyPatch()
+    try:
+        _use_store(mp, folder)
+        w = _worker("compile", TinyDraftModel(seed=0))
+        assert _sources(w) == {1: "recorded", 2: "recorded"}
+        assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
+    finally:
+        mp.undo()
+    assert len(list(folder.glob("*.dgc"))) == len(SIZES)
+    return folder
+
+
+def test_a_second_worker_loads_every_size_without_recording(stored_folder, monkeypatch):
+    store = _use_store(monkeypatch, stored_folder)
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    w = _worker("compile", TinyDraftModel(seed=0), background=True)  # queued: loaded at once
+    assert _sources(w) == {1: "loaded", 2: "loaded"}
+    assert all(v.compile_s == 0.0 and v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
+    assert store.hits == len(SIZES) and w.capture_queue.units_run == 0
+    eager = _worker("eager", TinyDraftModel(seed=0))
+    for b, seed in ((1, 3), (2, 4)):
+        replays = w.counters.graph_replays
+        got, want = _outputs(w, b, seed), _outputs(eager, b, seed)
+        assert w.counters.graph_replays == replays + 1
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
+    _use_store(monkeypatch, stored_folder)
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    w = _worker("compile", TinyDraftModel(seed=0))
+    assert _sources(w) == {1: "loaded", 2: "loaded"}
+    before = _outputs(w, 2, 11)
+    fresh = TinyDraftModel(seed=7)
+    w.update_draft_weights(fresh.state_dict())
+    got = _outputs(w, 2, 11)
+    want = _outputs(_worker("eager", fresh), 2, 11)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+    assert any(not torch.equal(g, b) for g, b in zip(got, before))  # the new weights mattered
+
+
+def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    for path in stored_folder.glob("*.dgc"):
+        (folder / path.name).write_bytes(path.read_bytes())
+        os.chmod(folder / path.name, 0o600)
+    store = _use_store(monkeypatch, folder)
+    victim = sorted(folder.glob("*.dgc"))[0]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        w = _worker("compile", TinyDraftModel(seed=0))
+    assert sorted(_sources(w).values()) == ["loaded", "recorded"]
+    assert store.refused == 1 and str(victim) in caplog.text
+    assert victim.exists() and len(list(folder.glob("*.dgc"))) == len(SIZES)  # rebuilt and stored again
+    assert CompileStore(folder).get(victim.name.removesuffix(".dgc")) is not None
+
+
+def test_a_changed_structure_misses(stored_folder, monkeypatch):
+    _use_store(monkeypatch, stored_folder)
+    w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(2, 2, 4), CudaGraphConfig(PhaseGraphConfig(bs=(1,)))),
+                         TinyDraftModel(seed=0))
+    manager = w._new_manager(w.state, "compile")  # noqa: SLF001  # the worker's own manager, not captured
+    manager.begin()
+    assert manager.load_stored() == 0 and manager.pending_sizes == (1,)
+    manager.release()
+
+
+def test_identical_graphs_compile_once(stored_folder, tmp_path, monkeypatch):
+    folder = tmp_path / "store"
+    store = _use_store(monkeypatch, folder)
+    w = _worker("compile", TinyDraftModel(seed=0))
+    assert _sources(w) == {1: "recorded", 2: "recorded"}
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    twin = w.build_runtime_state(3, 6, topk=2)  # the same structure as the active state
+    assert {s: v.source for s, v in twin.graphs.stats.sizes.items()} == {1: "shared", 2: "shared"}
+    assert store.written == len(SIZES)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_loads_every_size(stored_folder):
+    script = textwrap.dedent(f"""
+        import json
+        from draftgraph.graphs import backend_trace
+        from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs
+        from draftgraph.runtime import SpeculativeConfig
+        from draftgraph.runtime.testing import TinyDraftModel
+        def no_recording(*a, **k):
+            raise AssertionError("recorded")
+        backend_trace._trace = no_recording
+        w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs={SIZES!r}))),
+                             TinyDraftModel(seed=0))
+        w.capture_graphs("compile", background=True)
+        assert w.wait_graphs(600)
+        print(json.dumps({{s: v.source for s, v in w.state.graphs.stats.sizes.items()}}))
+    """)
+    env = {**os.environ, "DRAFTGRAPH_COMPILED": "1", "DRAFTGRAPH_COMPILED_DIR": str(stored_folder)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"1": "loaded", "2": "loaded"}
+
+
+@pytest.mark.slow
+def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(tmp_path, monkeypatch, caplog):
+    import signal
+    import time
+
+    _use_store(monkeypatch, tmp_path / "store")
+    w = EagleDraftWorker(_args(), TinyDraftModel(seed=0))
+    process = w.compile_process
+    with caplog.at_level(logging.WARNING):
+        w.capture_graphs("compile", background=True)  # the compile process starts with the first unit
+        deadline = time.monotonic() + 120
+        while process.pid() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(process.pid(), signal.SIGKILL)  # still importing torch: it cannot have answered
+        assert w.wait_graphs(600)
+    stats = w.state.graphs
+    assert len(stats.failed_sizes) == 1 and len(stats.captured_sizes) == 1
+    assert process.deaths == 1 and process.compiles == 1 and w.capture_queue.units_failed == 1
+    assert "compile process died" in caplog.text
+    eager = _worker("eager", TinyDraftModel(seed=0))
+    for b in SIZES:  # one size replays, the other serves eager ("capture_failed"); both are right
+        for g, e in zip(_outputs(w, b, 5), _outputs(eager, b, 5)):
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+    assert w.counters.eager_steps_by_reason.get("capture_failed") == 1
+    w.stop_capture()
+
+
+def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
+    """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
+    for it, so the entry holds the recorded graph; a second worker loads it without recording."""
+    args = RuntimeArgs(SpeculativeConfig(1, 1), CudaGraphConfig(PhaseGraphConfig(bs=(2,))))
+    _use_store(monkeypatch, tmp_path / "store")
+    first = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    first.capture_graphs("compile")
+    assert {s: v.source for s, v in first.state.graphs.stats.sizes.items()} == {2: "recorded"}
+    _use_store(monkeypatch, tmp_path / "store")
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    second = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    second.capture_graphs("compile")
+    assert {s: (v.source, v.engine) for s, v in second.state.graphs.stats.sizes.items()} == {2: ("loaded", "fx")}
+    want = [t.clone() for t in first.draft_forward(make_draft_input(2, 1, seed=9))]
+    got = [t.clone() for t in second.draft_forward(make_draft_input(2, 1, seed=9))]
+    assert second.counters.graph_replays == 1
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
