@@ -141,8 +141,8 @@ def test_stop_runs_no_further_unit(make_worker):
     w.draft_forward(inp)  # still serving
 
 
-@pytest.mark.parametrize("backend", ["trace", pytest.param("compile", marks=pytest.mark.skipif(
-    not compiler_available(), reason="no C++ compiler for inductor"))])
+@pytest.mark.parametrize("backend", ["trace", pytest.param("compile", marks=[pytest.mark.slow, pytest.mark.skipif(
+    not compiler_available(), reason="no C++ compiler for inductor")])])  # compile: the slow tier (inductor)
 def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     target, head = models("eagle")
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))),

@@ -18,23 +18,24 @@ def _run(engine: SpecDecodeEngine) -> list[list[int]]:
     return engine.generate([list(p) for p in prompts()], MAX_NEW)
 
 
+SLOW = pytest.mark.slow  # the slow tier: the rest of the grid (the fast tier keeps a chain, a
+# dynamic and a static tree on both backends)
 CASES = [
-    (SpeculativeConfig(1, 1), "eager"),
-    (SpeculativeConfig(2, 1), "eager"),
+    pytest.param(SpeculativeConfig(1, 1), "eager", marks=SLOW),
+    pytest.param(SpeculativeConfig(2, 1), "eager", marks=SLOW),
     (SpeculativeConfig(3, 1), "eager"),
-    (SpeculativeConfig(4, 1), "eager"),
-    (SpeculativeConfig(5, 1), "eager"),
+    pytest.param(SpeculativeConfig(4, 1), "eager", marks=SLOW),
+    pytest.param(SpeculativeConfig(5, 1), "eager", marks=SLOW),
     (SpeculativeConfig(3, 1), "trace"),
-    (SpeculativeConfig(5, 1), "trace"),
+    pytest.param(SpeculativeConfig(5, 1), "trace", marks=SLOW),
     (SpeculativeConfig(3, 2, 6), "eager"),
     (SpeculativeConfig(3, 2, 6), "trace"),
-    (SpeculativeConfig(2, 3, 8), "eager"),
-    (SpeculativeConfig(3, 4, 10), "eager"),
+    pytest.param(SpeculativeConfig(2, 3, 8), "eager", marks=SLOW),
+    pytest.param(SpeculativeConfig(3, 4, 10), "eager", marks=SLOW),
     (SpeculativeConfig(3, 2, tree_choices=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))), "eager"),
     (SpeculativeConfig(3, 2, tree_choices=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))), "trace"),
-    (SpeculativeConfig(2, 3, tree_choices=((0,), (1,), (2,), (0, 0), (1, 0))), "eager"),
+    pytest.param(SpeculativeConfig(2, 3, tree_choices=((0,), (1,), (2,), (0, 0), (1, 0))), "eager", marks=SLOW),
 ]
-
 
 @pytest.mark.parametrize("spec,backend", CASES, ids=lambda v: str(getattr(v, "key", v)))
 def test_eagle_engine_equals_greedy(spec, backend):

@@ -30,6 +30,7 @@ def _cycle(manager: GraphCaptureManager, batch: dict[str, torch.Tensor]) -> None
     manager.release()
 
 
+@pytest.mark.slow  # the slow tier: capture and release cycles, a soak of the graph pool
 def test_capture_release_cycles_keep_rss_flat() -> None:
     static = {"x": torch.zeros(8, 64), "ids": torch.zeros(8, 8, dtype=torch.long)}
     manager = GraphCaptureManager(_step, static, [4, 8], backend="trace")
