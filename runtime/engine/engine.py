@@ -681,7 +681,8 @@ class SpecDecodeEngine:
         states = self._states()
         queue = self.worker.capture_queue
         idle = queue.idle_since if queue.pending() == 0 else None
-        ready = None if idle is None else max(0.0, idle - self._t0)
+        # units loaded from the compiled-code store are ready when construction ends
+        ready = None if idle is None else max(getattr(self, "startup_s", 0.0), idle - self._t0)
         return {
             "capture": self.capture,
             "startup_s": self.startup_s,
