@@ -415,6 +415,11 @@ class CompileBackend(TraceBackend):
                 before = _fx_source_keys()
                 try:
                     compiled = _load_artifact(raw)
+                    compiled(*_copies(inputs))  # a graph the pipe changed fails here: compile it here
+                except Exception as exc:  # noqa: BLE001  # any failure: the in-process compile decides
+                    logger.warning("compile process: size %d's code does not run here (%s: %s); "
+                                   "compiling it in this process", size, type(exc).__name__, exc)
+                    raw = None
                 finally:
                     _evict_fx_sources(_fx_source_keys() - before)
         compile_fn = self._compile_fn or (_inductor_artifact if self._store is not None else _inductor_compile)

@@ -18,6 +18,7 @@ starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import logging
 import os
@@ -43,6 +44,16 @@ class CompileWorkerDied(RuntimeError):
 
 def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
+
+
+def _plain(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with plain positional code: a make_fx graph flattens its arguments through pytree
+    specs that pickling drops (measured: the unpickled graph compiled to code that fails with
+    IndexError when called), so what crosses the pipe is the same graph with the default codegen."""
+    plain = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    plain.graph.set_codegen(fx.graph.CodeGen())
+    plain.recompile()
+    return plain
 
 
 def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], threads: int
@@ -126,7 +137,7 @@ class CompileWorker:
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
         """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
         `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
-        request = (pickle.dumps(gm), [_meta(t) for t in inputs], torch.get_num_threads())
+        request = (pickle.dumps(_plain(gm)), [_meta(t) for t in inputs], torch.get_num_threads())
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._closing = False

@@ -30,6 +30,7 @@ reason (counted per reason in the state's counts), and every result carries its 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -115,10 +116,13 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
         """The compiled-code store for the compile backend (`runtime.stored_steps`), else None;
-        ``background`` captures compile in the worker's compile process."""
+        ``background`` captures compile in the worker's compile process when
+        ``DRAFTGRAPH_COMPILE_PROCESS=1`` (opt-in: the default EAGLE head's graph does not survive
+        the trip yet, see docs/graphs.md)."""
         if resolve_backend(backend, self.device) != "compile":
             return None
-        return stored_code(self, state, self.draft_model, self.compile_process if background else None)
+        use_process = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "0").strip() == "1"
+        return stored_code(self, state, self.draft_model, self.compile_process if use_process else None)
 
     def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> Any:
         """The base manager, with the storage of the draft tensors its graphs will read."""

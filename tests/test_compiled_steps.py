@@ -180,6 +180,7 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
     import time
 
     _use_store(monkeypatch, tmp_path / "store")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_PROCESS", "1")
     w = EagleDraftWorker(_args(), TinyDraftModel(seed=0))
     process = w.compile_process
     with caplog.at_level(logging.WARNING):

@@ -55,7 +55,8 @@ class EngineReport:
             return 0.0
         queue = self.worker.capture_queue
         idle = queue.idle_since if queue.pending() == 0 else None
-        return None if idle is None else max(0.0, idle - self.t0)
+        # units loaded from the compiled-code store are ready when construction ends
+        return None if idle is None else max(self.startup_s, idle - self.t0)
 
     def stats(self) -> dict[str, Any]:
         """Engine figures since the last mark plus the worker's counters and per-state statistics;
