@@ -75,22 +75,13 @@ def _round(feeder: _Feeder, mode: str, steps: int, out_dir: str) -> tuple[list[f
     return times[1:-1], summary.get("trace_bytes")
 
 
-class _Idle:
-    """The least an engine offers `engine_step`: an index and no profiler."""
-
-    step_index = 0
-    profiler = None
-
-
 def _off_hooks() -> dict[str, float]:
     """Seconds per step of the range hooks with nothing listening, and of the bare body."""
-    idle = _Idle()
-
     def body() -> list[int]:
         return []
 
     def hooked() -> None:
-        engine_step(idle, body)
+        engine_step(0, None, body)
         for s in STAGES:
             with span(s):
                 pass

@@ -236,7 +236,8 @@ class SpecDecodeEngine:
         slot = self.worker.slot
         slot.enter_step()  # reloads of our worker may run in this thread, now
         try:
-            return engine_step(self, self._step)
+            index, self.step_index = self.step_index, self.step_index + 1
+            return engine_step(index, self.profiler, self._step)
         finally:
             slot.leave_step()
 

@@ -111,12 +111,9 @@ def check_windows(windows: Sequence[Sequence[int]], name: str = "windows") -> tu
     return tuple(out)
 
 
-def engine_step(engine: Any, body: Callable[[], list[int]]) -> list[int]:
-    """Run one engine step ``body()`` as step ``engine.step_index`` (then advanced): inside a
-    ``step`` range when anything listens, between the attached profiler's window hooks."""
-    index = engine.step_index
-    engine.step_index = index + 1
-    profiler = engine.profiler
+def engine_step(index: int, profiler: Any, body: Callable[[], list[int]]) -> list[int]:
+    """Run one engine step ``body()`` as step ``index`` (the engine counts its steps): inside a
+    ``step`` range when anything listens, between ``profiler``'s window hooks (None: none)."""
     if profiler is not None:
         profiler.before_step(index)
     # once the step committed its results are returned whatever the profiler does: a hook that
