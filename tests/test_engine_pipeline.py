@@ -76,6 +76,24 @@ def test_device_acceptance_equals_the_walk(rows) -> None:
     assert acc.length.tolist() == [len(w[0]) for w in want]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 3), st.data())
+def test_chain_acceptance_equals_the_walk(b, s, vocab, data) -> None:
+    n = s + 1
+    rows = [([-1] + list(range(n - 1)), data.draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)),
+             data.draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n))) for _ in range(b)]
+    unused = torch.zeros(b, n, dtype=torch.long)
+    tree = VerifyTree(tokens=torch.tensor([r[1] for r in rows]).flatten(), positions=unused.flatten(),
+                      parents=torch.tensor([r[0] for r in rows]), tree_mask=torch.ones(b, n, n, dtype=torch.bool),
+                      retrieve_index=unused, retrieve_next_token=unused, retrieve_next_sibling=unused)
+    pred = torch.tensor([r[2] for r in rows])
+    fast, general = accept(tree, pred, s, chain=True), accept(tree, pred, s)
+    want = [_walk(*r) for r in rows]
+    assert fast.paths == general.paths == [w[0] for w in want]
+    assert fast.committed == general.committed == [w[1] for w in want]
+    assert torch.equal(fast.path, general.path) and torch.equal(fast.length, general.length)
+
+
 def _engine(backend: str = "eager", bs=(4,), spec=None, **kw) -> SpecDecodeEngine:
     target, head = models("eagle")
     args = RuntimeArgs(spec or SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=list(bs))),

@@ -86,7 +86,7 @@ class StepPipeline:
         with st.timed("verify"):
             logits, hidden = self.verify(batch, tree, n)
         with st.timed("accept_commit"):
-            acc = accept(tree, logits.argmax(-1), spec.num_steps if num_steps else 0)
+            acc = accept(tree, logits.argmax(-1), spec.num_steps if num_steps else 0, chain=spec.is_chain)
             emitted = self.commit(batch, acc, reqs)
         st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
         with st.timed("extend"):

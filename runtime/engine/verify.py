@@ -59,16 +59,36 @@ class Acceptance:
         return [len(p) for p in self.paths]
 
 
-def accept(tree: VerifyTree, target_argmax: torch.Tensor, depth: int) -> Acceptance:
+def accept(tree: VerifyTree, target_argmax: torch.Tensor, depth: int, chain: bool = False) -> Acceptance:
     """Greedy acceptance of every request at once: from the root, take the target's argmax at
     the current node and move to the child holding that token (the smallest node index among
     them: the first child, then its next siblings), stop when none does; the last argmax is the
     bonus. ``depth``: the deepest node (S; 0 for a root-only tree). target_argmax [b, N].
+    ``chain``: the tree is a chain (node j at depth j, N = depth + 1): the accepted length is the
+    run of leading matches, found in a few ops instead of one round per depth.
 
     One host read (the `Acceptance`'s lists); everything before it runs on the device."""
     b, n = tree.parents.shape
     toks = tree.tokens.view(b, n)
-    parents = tree.parents
+    if chain and depth:
+        path = torch.arange(depth + 1, device=toks.device).expand(b, depth + 1)
+        run = (toks[:, 1:] == target_argmax[:, :-1]).cumprod(1)  # [b, S]: 1 while every draft matched
+        length = 1 + run.sum(1)
+        path = path * (path < length[:, None])  # entries past the length are 0, as below
+    else:
+        path, length = _walk(tree.parents, toks, target_argmax, depth)
+    tokens = target_argmax.gather(1, path)
+    host = torch.cat([length[:, None], path, tokens], 1).tolist()  # the step's one host read
+    w = depth + 1
+    paths = [row[1:1 + row[0]] for row in host]
+    committed = [row[1 + w:1 + w + row[0]] for row in host]
+    return Acceptance(path, length, tokens, paths, committed)
+
+
+def _walk(parents: torch.Tensor, toks: torch.Tensor, target_argmax: torch.Tensor, depth: int
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The general tree's acceptance, one round per depth: (path [b, D+1], length [b])."""
+    b = toks.shape[0]
     node = torch.zeros(b, dtype=torch.long, device=toks.device)
     alive = torch.ones(b, dtype=torch.bool, device=toks.device)
     cols = [node]
@@ -81,12 +101,7 @@ def accept(tree: VerifyTree, target_argmax: torch.Tensor, depth: int) -> Accepta
         cols.append(torch.where(found, node, 0))
     path = torch.stack(cols, 1)  # [b, D+1]
     length = 1 + (path[:, 1:] != 0).sum(1) if depth else torch.ones(b, dtype=torch.long, device=toks.device)
-    tokens = target_argmax.gather(1, path)
-    host = torch.cat([length[:, None], path, tokens], 1).tolist()  # the step's one host read
-    w = depth + 1
-    paths = [row[1:1 + row[0]] for row in host]
-    committed = [row[1 + w:1 + w + row[0]] for row in host]
-    return Acceptance(path, length, tokens, paths, committed)
+    return path, length
 
 
 def commit_kv(cache: object, slots: torch.Tensor, lens: torch.Tensor, acc: Acceptance) -> None:
