@@ -168,7 +168,10 @@ class CaptureQueue:
             seconds = entry.manager.capture_size(size)
             record = entry.manager.stats.sizes.get(size)
             state.capture_s += seconds
-            state.compile_s += record.compile_s if record is not None else 0.0
+            if record is not None:  # the same figures a blocking capture records
+                state.compile_s += record.compile_s
+                state.capture_bytes += record.capture_bytes or 0
+            state.nodes[size] = entry.manager.node_count(size)
             self.units_run += 1
         except (GraphCaptureError, ValueError) as exc:
             self.units_failed += 1

@@ -36,7 +36,7 @@ def _rank(rank: int, world: int) -> dict:
         engine.step()
         served.append((engine.policy.band, engine.policy.s, engine.worker.spec.num_steps))
     while engine.has_work():  # finish alone: no collective is needed once no poll is due...
-        engine.coordinator = None  # ...so the rest runs without the coordinator
+        engine.boundary.coordinator = None  # ...so the rest runs without the coordinator
         engine.step()
     outs = [engine.pop_result(i) for i in ids]
     return {"served": served, "local_bands": local,
@@ -82,7 +82,7 @@ def _rank_reload(rank: int, world: int) -> dict:
             errors.append(f"step {step}: {type(exc).__name__}: {exc}")
             break
         served.append((engine.policy.schedule.text(), engine.policy.band, engine.policy.s))
-    engine.coordinator = None
+    engine.boundary.coordinator = None
     while not errors and engine.has_work():
         engine.step()
     outs = [engine.pop_result(i) for i in ids] if not errors else []
