@@ -23,7 +23,7 @@ from draftgraph.graphs import GraphCaptureManager, Miss, ReplayPlan
 
 from .config import SpeculativeConfig
 
-__all__ = ["PhaseFigures", "PhaseGraphs", "PhaseProvider"]
+__all__ = ["PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
 
 
 class PhaseProvider(Protocol):
@@ -116,3 +116,27 @@ class PhaseGraphs:
             }
         return out
 
+
+
+def phase_totals(states: Any) -> dict[str, dict[str, Any]]:
+    """Per phase kind ("verify", "extend": a phase name up to its "@tier"), summed over
+    ``states`` (each a `RuntimeState`): graphs captured, replays, eager steps by reason, capture
+    and compile seconds, graph bytes. Counts for the life of the states."""
+    out: dict[str, dict[str, Any]] = {}
+    for state in states:
+        phases = state.phases
+        if phases is None:
+            continue
+        for name, figures in phases.describe().items():
+            kind = name.split("@", 1)[0]
+            t = out.setdefault(kind, {"graphs": 0, "replays": 0, "eager_steps_by_reason": {}, "capture_s": 0.0,
+                                      "compile_s": 0.0, "capture_bytes": 0, "failed": 0})
+            t["graphs"] += len(figures["captured_sizes"])
+            t["replays"] += figures["replays"]
+            for reason, n in figures["eager_steps_by_reason"].items():
+                t["eager_steps_by_reason"][reason] = t["eager_steps_by_reason"].get(reason, 0) + n
+            t["capture_s"] += figures["capture_s"]
+            t["compile_s"] += figures["compile_s"]
+            t["capture_bytes"] += figures["capture_bytes"]
+            t["failed"] += "failed" in figures
+    return out

@@ -37,15 +37,20 @@ PHASE_NAMES = ("verify", "extend")
 
 
 def default_graph_phases(backend: str) -> tuple[str, ...]:
-    """The phases captured by default on a resolved ``backend``: all of them ("cuda": the launch
-    overhead they remove is the step's; "trace": the CPU's capture semantics)."""
-    return PHASE_NAMES
+    """The phases captured by default on a resolved ``backend``: all of them on "cuda" (the
+    launch overhead they remove is most of a small batch's step); none on the CPU backends, where
+    measured they do not pay (docs/performance.md: "trace" replays the verify at 0.6-0.9x eager
+    and "compile" keeps its FX replay, the compiled verify not being bit-equal), while every
+    phase costs a capture per size and tier. Ask for them with ``graph_phases``."""
+    return PHASE_NAMES if backend == "cuda" else ()
 
 
 def default_tiers(cache_len: int) -> tuple[int, ...]:
     """KV window tiers for a cache of ``cache_len`` positions: a quarter of it and all of it
-    (the window costs attention time in proportion; see docs/performance.md)."""
-    return tuple(sorted({max(1, cache_len // 4), cache_len}))
+    (the window costs attention time in proportion; see docs/performance.md), or all of it alone
+    when a quarter is under 64 positions."""
+    quarter = cache_len // 4
+    return (quarter, cache_len) if quarter >= 64 else (cache_len,)
 
 
 class EnginePhases:
