@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, span
+from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
 from draftgraph.graphs.backend_compile import inductor_cache_dir
 from draftgraph.graphs.compile_worker import CompileWorker
 
@@ -28,6 +28,7 @@ from .phases import PhaseGraphs, PhaseProvider
 from .reload import ReloadLog, ReloadMixin
 from .state import DraftCounters, RuntimeState
 from .state_slot import StateSlot
+from .stored_steps import phase_stored_code
 from .topology import TopologyBufferCache, TopologyBuffers
 from .validation import ConfigTypeError, require_positive_int
 
@@ -38,11 +39,16 @@ logger = logging.getLogger(__name__)
 
 class GraphStep(NamedTuple):
     """What a worker hands the graph manager for one state: the capturable ``step(**inputs)``,
-    its named static inputs (allocated at the largest capture size) and their pad values."""
+    its named static inputs (allocated at the largest capture size) and their pad values.
+    A host's phase may add what its compiled code is stored under: ``structure`` (everything
+    the code depends on besides shapes: models, configuration, widths) and ``constants()``
+    (every tensor the step reads besides its inputs, by stable name); see `runtime.stored_steps`."""
 
     step: Callable[..., Any]
     static_inputs: dict[str, torch.Tensor]
     pad_values: dict[str, float | int]
+    structure: str = ""
+    constants: Callable[[], Any] | None = None
 
 
 class EagleDraftWorkerBase(ReloadMixin):
@@ -288,10 +294,14 @@ class EagleDraftWorkerBase(ReloadMixin):
         if provider is None or not state.capture_sizes:
             return None
         phases = PhaseGraphs()
+        compiled = resolve_backend(backend, self.device) == "compile"
         for name, graph_step in provider(state.spec, max(state.capture_sizes)).items():
+            stored = None
+            if compiled and graph_step.constants is not None:
+                stored = phase_stored_code(name, graph_step.structure, graph_step.constants)
             phases.add(name, GraphCaptureManager(graph_step.step, graph_step.static_inputs,
                                                  list(state.capture_sizes), backend=backend,
-                                                 pad_values=graph_step.pad_values))
+                                                 pad_values=graph_step.pad_values, stored=stored))
         return phases
 
     @staticmethod
@@ -362,6 +372,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         if phases is not None:
             for manager in phases.managers.values():
                 manager.begin()
+                manager.load_stored()  # compiled code from the store: no recording, no compile
             self._install_phases(state, phases)
             for name, manager in phases.managers.items():
                 if manager.pending_sizes:

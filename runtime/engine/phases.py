@@ -19,6 +19,8 @@ acceptance path / tokens [b, W], length / lens / slots [b], alive [b] -> the nex
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,8 +84,11 @@ class EnginePhases:
             if "verify" in self.phases:
                 steps[f"verify@{lk}"] = self._verify_step(spec.num_draft_tokens, lk, max_size)
             if self.has_extend:
-                steps[f"extend@{lk}"] = self.drafter.extend_step(
-                    spec.num_draft_tokens, spec.num_steps + 1, lk, max_size, self.target.hidden_size, self.target.dtype)
+                step = self.drafter.extend_step(spec.num_draft_tokens, spec.num_steps + 1, lk, max_size,
+                                                self.target.hidden_size, self.target.dtype)
+                steps[f"extend@{lk}"] = step._replace(
+                    structure=self.structure("extend", n=spec.num_draft_tokens, width=spec.num_steps + 1, lk=lk),
+                    constants=self.constants)
         return steps
 
     def tier(self, batch: StepBatch, width: int) -> int:
@@ -94,6 +99,36 @@ class EnginePhases:
                 return lk
         raise ValueError(f"a request at length {batch.max_len} with {width} tree tokens needs {need} "
                          f"cache positions; the cache has {self.tiers[-1]} (admission keeps requests within it)")
+
+    def structure(self, phase: str, **shape: int) -> str:
+        """What a phase's compiled code depends on besides its shapes: the models' classes and
+        configurations, the cache, the phase and its widths (the store's key, with the source
+        digest and the shapes)."""
+        def config(model: Any) -> Any:
+            cfg = getattr(model, "cfg", None)
+            return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg)
+
+        head = getattr(self.drafter, "head", None)
+        return json.dumps({"phase": phase, **shape, "target": type(self.target).__qualname__,
+                           "target_config": config(self.target), "draft": type(head).__qualname__,
+                           "draft_config": config(head), "cache": [self.cache.slots, self.cache.max_len],
+                           "dtype": str(self.target.dtype), "device": str(self.cache.k[0].device)},
+                          sort_keys=True, default=repr)
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        """Every tensor a phase may read besides its inputs, by stable name: the target's and the
+        draft's parameters and buffers and both K/V caches (never baked into stored code)."""
+        out: dict[str, torch.Tensor] = {}
+        head = getattr(self.drafter, "head", None)
+        for prefix, model in (("target", self.target), ("draft", head)):
+            if isinstance(model, torch.nn.Module):
+                out.update({f"{prefix}.{n}": t for n, t in model.named_parameters()})
+                out.update({f"{prefix}.{n}": t for n, t in model.named_buffers()})
+        for prefix, cache in (("cache", self.cache), ("draft_cache", getattr(head, "cache", None))):
+            if cache is not None:
+                out.update({f"{prefix}.k.{i}": t for i, t in enumerate(cache.k)})
+                out.update({f"{prefix}.v.{i}": t for i, t in enumerate(cache.v)})
+        return out
 
     def _verify_step(self, n: int, lk: int, rows: int) -> GraphStep:
         dev = self.cache.k[0].device
@@ -116,7 +151,8 @@ class EnginePhases:
             return logits.argmax(-1), hidden
 
         # pad rows: slot 0 (the dummy), length 0, each node sees itself (no empty softmax row)
-        return GraphStep(verify, static, {"tokens": 0, "positions": 0, "lens": 0, "slots": 0, "tree_mask": 1})
+        return GraphStep(verify, static, {"tokens": 0, "positions": 0, "lens": 0, "slots": 0, "tree_mask": 1},
+                         self.structure("verify", n=n, lk=lk), self.constants)
 
     # ---- running a phase ---------------------------------------------------------------------
     @staticmethod
