@@ -3,9 +3,10 @@ they exact, and which KV window tiers to capture (issue 31, items 2 and 4).
 
 1. Verify: the default target (float64) over N=4 chain tokens per request, attending to a KV
    window of ``lk`` cache positions under the engine's verify mask (built inside the step from
-   the lengths), at b in {1, 4, 16} and lk in {64, 128, 256, 512}. Timed side by side,
-   interleaved round by round: eager, raw ``torch.compile`` (dynamo, one compile per shape),
-   and `GraphCaptureManager.run` on the "trace" (FX replay) and "compile" (inductor) backends.
+   the lengths), at b in {1, 4, 16} and lk in {64, 128, 256, 512}. Per b, every window and
+   path is timed in one run, interleaved round by round (windows compare under the same load):
+   eager, raw ``torch.compile`` (dynamo, one compile per shape), and `GraphCaptureManager.run`
+   on the "trace" (FX replay) and "compile" (inductor) backends.
    Each compiled path is checked against eager on fresh inputs (not the capture inputs):
    hidden states bitwise, argmax tokens equal.
 2. KV tiers, from the compile backend's figures: a verify at committed length L reads the
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import time
+import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -106,47 +109,69 @@ def _exact(step: Callable[..., Any], fn: Callable[[dict[str, torch.Tensor]], Any
             "max_abs_diff": diff}
 
 
-def _paths(step: Callable[..., Any], make: Callable[[], Callable[..., Any]], static: dict[str, torch.Tensor],
-           raw: bool, pad: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
-    """The compiled paths over one step: raw torch.compile (optional) and the two managers,
-    captured at SIZES; (callables by path, capture seconds by path)."""
-    out: dict[str, Any] = {}
-    capture_s: dict[str, float] = {}
-    if raw:
-        torch._dynamo.reset()  # noqa: SLF001  # torch's public reset; one compile per shape, never the limit
-        out["torch_compile"] = torch.compile(make(), dynamic=False)
+def _own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``fn`` over a code object of its own: dynamo keeps one cache per code object, so each
+    (window, batch) compiles once and checks only its own guards."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+@dataclass
+class _Case:
+    """One step (one KV window) and its captured managers."""
+
+    lk: int
+    step: Callable[..., Any]
+    static: dict[str, torch.Tensor]
+    managers: dict[str, GraphCaptureManager]
+    capture_s: dict[str, float]
+
+
+def _case(lk: int, step: Callable[..., Any], static: dict[str, torch.Tensor], sizes: tuple[int, ...],
+          pad: dict[str, Any]) -> _Case:
+    """The step with a "trace" and a "compile" manager captured at ``sizes``."""
+    managers, capture_s = {}, {}
     for backend in ("trace", "compile"):
         start = time.perf_counter()
-        m = GraphCaptureManager(step, static, SIZES, backend=backend, pad_values=pad)
+        m = GraphCaptureManager(step, static, sizes, backend=backend, pad_values=pad)
         m.capture()
         capture_s[backend] = time.perf_counter() - start
-        out[backend] = m
-    return out, capture_s
+        managers[backend] = m
+    return _Case(lk, step, static, managers, capture_s)
 
 
-def _measure(step: Callable[..., Any], paths: dict[str, Any], args: dict[str, torch.Tensor],
-             fresh: dict[str, torch.Tensor], repeats: int, inner: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(timings by path, exactness by path) at one batch size."""
-    calls: dict[str, Callable[[dict[str, torch.Tensor]], Any]] = {"eager": lambda a: step(**a)}
-    compile_s = None
-    for name, p in paths.items():
-        if isinstance(p, GraphCaptureManager):
-            calls[name] = lambda a, m=p: m.run(a, clone=True)
-        else:
-            start = time.perf_counter()
-            p(**args)  # the compile of this shape
-            compile_s = time.perf_counter() - start
-            calls[name] = lambda a, f=p: f(**a)
+def _measure(cases: list[_Case], b: int, fresh: Callable[[int], dict[str, torch.Tensor]], raw: bool,
+             repeats: int, inner: int) -> dict[int, tuple[dict[str, Any], dict[str, Any], float | None]]:
+    """At batch ``b``, every path of every case timed in one interleaved run (so windows compare
+    under the same load); per window: (samples by path, exactness by path, torch.compile seconds)."""
+    calls: dict[str, Callable[[], Any]] = {}
+    out = {}
     with torch.no_grad():
-        exact = {name: _exact(step, fn, fresh) for name, fn in calls.items() if name != "eager"}
-        timed = time_interleaved({name: (lambda fn=fn: fn(args)) for name, fn in calls.items()},
-                                 repeats=repeats, inner=inner, gc_off=True)
-    return {"samples": timed, "torch_compile_s": compile_s}, exact
+        for case in cases:
+            args = _rows(case.static, b)
+            paths: dict[str, Callable[[dict[str, torch.Tensor]], Any]] = {"eager": lambda a, s=case.step: s(**a)}
+            compile_s = None
+            if raw:
+                fn = torch.compile(_own_code(case.step, f"lk{case.lk}_b{b}"), dynamic=False)
+                start = time.perf_counter()
+                fn(**args)  # the compile of this shape
+                compile_s = time.perf_counter() - start
+                paths["torch_compile"] = lambda a, f=fn: f(**a)
+            for name, m in case.managers.items():
+                paths[name] = lambda a, m=m: m.run(a, clone=True)
+            inputs = fresh(case.lk)
+            exact = {name: _exact(case.step, fn, inputs) for name, fn in paths.items() if name != "eager"}
+            out[case.lk] = ({}, exact, compile_s)
+            calls.update({f"{name}@{case.lk}": (lambda fn=fn, a=args: fn(a)) for name, fn in paths.items()})
+        timed = time_interleaved(calls, repeats=repeats, inner=inner, gc_off=True)
+    for key, sample in timed.items():
+        name, lk = key.split("@")
+        out[int(lk)][0][name] = sample
+    return out
 
 
-def _row(part: str, b: int, lk: int, timed: dict[str, Any], exact: dict[str, Any],
+def _row(part: str, b: int, lk: int, s: dict[str, Any], exact: dict[str, Any], compile_s: float | None,
          managers: dict[str, Any]) -> dict[str, Any]:
-    s = timed["samples"]
     row: dict[str, Any] = {"part": part, "b": b, "lk": lk}
     for name in PATHS:
         row[f"{name}_ms"] = s[name] * 1e3 if name in s else None
@@ -160,7 +185,7 @@ def _row(part: str, b: int, lk: int, timed: dict[str, Any], exact: dict[str, Any
         row[f"bitwise_{name}"] = e["bitwise"]
         row[f"diff_{name}"] = e["max_abs_diff"]
     row["tokens_equal"] = all(e["first_equal"] for e in exact.values())
-    row["torch_compile_s"] = timed["torch_compile_s"]
+    row["torch_compile_s"] = compile_s
     return row
 
 
@@ -172,8 +197,8 @@ def tier_of(length: int, tiers: tuple[int, ...]) -> int:
     raise ValueError(f"length={length}: past the largest tier {max(tiers)}")
 
 
-def tiering_rows(rows: list[dict[str, Any]], windows: tuple[int, ...], capture_s: dict[int, float]
-                 ) -> list[dict[str, Any]]:
+def tiering_rows(rows: list[dict[str, Any]], windows: tuple[int, ...], capture_s: dict[int, float],
+                 n_sizes: int) -> list[dict[str, Any]]:
     """Mean verify ms per tiering (compile backend figures) over uniform committed lengths."""
     out = []
     for b in sorted({r["b"] for r in rows}):
@@ -182,7 +207,7 @@ def tiering_rows(rows: list[dict[str, Any]], windows: tuple[int, ...], capture_s
         for tiers in TIERINGS:
             if not set(tiers) <= set(ms):
                 continue
-            entry: dict[str, Any] = {"b": b, "tiers": "/".join(map(str, tiers)), "graphs": len(tiers) * len(SIZES),
+            entry: dict[str, Any] = {"b": b, "tiers": "/".join(map(str, tiers)), "graphs": len(tiers) * n_sizes,
                                      "capture_s": sum(capture_s[t] for t in tiers)}
             for label, top in (("all", full - N), ("le256", 256 - N)):
                 lengths = range(1, top + 1)
@@ -214,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(b not in SIZES for b in a.batch):
         raise SystemExit(f"--batch {a.batch}: each must be a capture size {SIZES}")
     windows = tuple(sorted(a.windows))
+    sizes = tuple(sorted(set(a.batch)))  # captured sizes: the timed ones only
     gen = torch.Generator().manual_seed(0)
     target, head = default_models()
     vocab, dim = target.vocab_size, target.hidden_size
@@ -221,39 +247,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _fill((*cache.k, *cache.v), gen)
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
-    capture_s: dict[int, float] = {}
     tree_pad = {"tree_mask": True}  # pad rows attend to themselves (no all-masked softmax)
-    for lk in windows:
-        step = verify_step(target, cache, lk)
-        static = verify_inputs(max(SIZES), lk, vocab, gen)
-        paths, cap = _paths(step, lambda lk=lk: verify_step(target, cache, lk), static, not a.no_raw, tree_pad)
-        capture_s[lk] = cap["compile"]
-        for b in a.batch:
-            timed, exact = _measure(step, paths, _rows(static, b), verify_inputs(b, lk, vocab, gen),
-                                    a.repeats, a.inner)
-            rows.append(_row("verify", b, lk, timed, exact, paths))
-            records += _records("verify", b, lk, timed)
-        for name in ("trace", "compile"):
-            paths[name].release()
+    parts = [("verify", [_case(lk, verify_step(target, cache, lk), verify_inputs(max(SIZES), lk, vocab, gen), sizes,
+                               tree_pad) for lk in windows],
+              lambda lk, b: verify_inputs(b, lk, vocab, gen))]
     if not a.no_extend:
         head.allocate_cache(SLOTS)
         _fill((*head.cache.k, *head.cache.v), gen)
         lk = EXTEND_WINDOW
-        step = extend_step(head, lk)
-        static = extend_inputs(max(SIZES), lk, dim, vocab, gen)
-        paths, _ = _paths(step, lambda: extend_step(head, lk), static, not a.no_raw, {})
+        parts.append(("extend", [_case(lk, extend_step(head, lk), extend_inputs(max(SIZES), lk, dim, vocab, gen),
+                                       sizes, {})],
+                      lambda lk, b: extend_inputs(b, lk, dim, vocab, gen)))
+    capture_s = {c.lk: c.capture_s["compile"] for c in parts[0][1]}
+    for part, cases, fresh in parts:
         for b in a.batch:
-            timed, exact = _measure(step, paths, _rows(static, b), extend_inputs(b, lk, dim, vocab, gen),
-                                    a.repeats, a.inner)
-            rows.append(_row("extend", b, lk, timed, exact, paths))
-            records += _records("extend", b, lk, timed)
-    tiers = tiering_rows(rows, windows, capture_s)
+            measured = _measure(cases, b, lambda lk, b=b, f=fresh: f(lk, b), not a.no_raw, a.repeats, a.inner)
+            for case in cases:
+                samples, exact, compile_s = measured[case.lk]
+                rows.append(_row(part, b, case.lk, samples, exact, compile_s, case.managers))
+                records += _records(part, b, case.lk, samples)
+    tiers = tiering_rows(rows, windows, capture_s, len(sizes))
     cols = ["part", "b", "lk", "eager_ms", "torch_compile_ms", "trace_ms", "compile_ms", "x_torch_compile",
             "x_trace", "x_compile", "compile_engine", "bitwise_compile", "bitwise_torch_compile", "diff_torch_compile",
             "tokens_equal"]
     _print_table("kv tiers (compile backend; x_full: full-cache verify / this)", tiers,
                  ["b", "tiers", "graphs", "capture_s", "mean_ms_all", "x_full_all", "mean_ms_le256", "x_full_le256"])
-    extra = {"n": N, "sizes": list(SIZES), "windows": list(windows), "extend_window": EXTEND_WINDOW,
+    extra = {"n": N, "sizes": list(sizes), "windows": list(windows), "extend_window": EXTEND_WINDOW,
              "threads": torch.get_num_threads(), "repeats": a.repeats, "inner": a.inner,
              "capture_s": capture_s, "tiers": tiers, "reduce": "median of interleaved rounds", "records": records}
     return emit("verify", rows, cols, extra, a.json)
@@ -272,9 +291,8 @@ def _print_table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> Non
         print("  ".join(fmt(r.get(c)).rjust(widths[c]) for c in cols))
 
 
-def _records(part: str, b: int, lk: int, timed: dict[str, Any]) -> list[dict[str, Any]]:
+def _records(part: str, b: int, lk: int, s: dict[str, Any]) -> list[dict[str, Any]]:
     """Verdict-free summary records: ms per call of each path, its speedup over eager."""
-    s = timed["samples"]
     out = []
     for name, sample in s.items():
         ratios = {} if name == "eager" else {"eager/this": s["eager"] / sample}
