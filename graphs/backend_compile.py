@@ -13,7 +13,9 @@ same inputs (static inputs and every captured constant, lifted to graph inputs) 
 agree bitwise: every output and every in-place write into an input. A mismatch or a compile
 error keeps that size on the FX replay, with a warning naming the size and a counter
 (`CompileBackend.fallbacks`); never a silent wrong result. The copies mean the check never
-touches memory a serving step may be using.
+touches memory a serving step may be using. Sums, means and softmax are compiled as calls to
+ATen's own kernels (`aten_reductions`): inductor's loops sum in another order, so a graph with
+them failed this check on real data (the float64 verify forward kept its FX replay).
 
 Inductor's on-disk cache goes under ``$DRAFTGRAPH_CACHE/inductor`` (default
 ``~/.cache/draftgraph/inductor``) unless ``TORCHINDUCTOR_CACHE_DIR`` is set, so a second start
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from .aten_reductions import REWRITE_TAG, keep_aten_reductions
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
 from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
@@ -211,7 +214,7 @@ class CompileBackend(TraceBackend):
     # ---- stored code -------------------------------------------------------------------------
     def _key(self, size: int, args: tuple[Tensor, ...]) -> str:
         assert self._table is not None  # noqa: S101  # callers check; a typing aid only
-        return entry_key(self._structure, size, args, self._table, self.name)
+        return entry_key(self._structure, size, args, self._table, f"{self.name}+{REWRITE_TAG}")
 
     def load(self, size: int, fn: FlatStep, args: tuple[Tensor, ...],
              trace_args: tuple[Tensor, ...] | None = None) -> StoredGraph | None:
@@ -408,9 +411,10 @@ class CompileBackend(TraceBackend):
         if _shares_storage(inputs):
             return None, "two inputs share memory"
         _use_cache_dir()
+        exact, _ = keep_aten_reductions(lifted)  # what inductor compiles; ``lifted`` is the reference
         raw: bytes | None = None
         if self._compiler is not None and self._compile_fn is None:
-            raw = self._compiler.compile(lifted, inputs)  # no lock held: this process goes on serving
+            raw = self._compiler.compile(exact, inputs)  # no lock held: this process goes on serving
             with torch.no_grad():
                 before = _fx_source_keys()
                 try:
@@ -427,7 +431,7 @@ class CompileBackend(TraceBackend):
             if raw is None:
                 before = _fx_source_keys()
                 try:
-                    compiled = compile_fn(lifted, _copies(inputs))
+                    compiled = compile_fn(exact, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs
                     _evict_fx_sources(_fx_source_keys() - before)
             want_in = _copies(inputs)
