@@ -68,7 +68,8 @@ def measure(backend: str, device: str, batches: tuple[int, ...], spec: Speculati
             lk = int(name.split("@")[1])
             for b in batches:
                 inputs = _inputs(graph_step.static_inputs, b, lk)
-                fns = {"eager": lambda: graph_step.step(**inputs), "replay": lambda: manager.run(inputs)}
+                fns = {"eager": lambda s=graph_step.step, x=inputs: s(**x),
+                       "replay": lambda m=manager, x=inputs: m.run(x)}
                 if device.startswith("cuda"):
                     fns = {k: synced(f) for k, f in fns.items()}
                 t = time_interleaved(fns, repeats=repeats, inner=inner)
