@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
-from draftgraph.runtime import SpeculativeConfig
+from draftgraph.graphs import backend_trace
+from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.runtime import SpeculativeConfig, stored_steps
+from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.greedy import greedy_generate
@@ -159,3 +162,47 @@ def test_a_failed_phase_serves_eager_and_the_others_keep_their_graphs(monkeypatc
         assert st["graph_replays"] > 0  # the draft step too
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")
+def test_compiled_phases_keep_their_code_and_load_from_the_store(tmp_path, monkeypatch):
+    """The compile backend keeps a phase's compiled code only when it equals the FX replay to the
+    bit (the verify's reductions run ATen's kernels); a second engine loads every phase unit."""
+    store = CompileStore(tmp_path / "store")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setattr(stored_steps, "default_compile_store", lambda: store)
+    target, head = models("eagle")
+
+    def build(capture: str) -> SpecDecodeEngine:
+        return SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2,), running=2), target, head,
+                                backend="compile", capture=capture, graph_phases=PHASES)
+
+    prompts_ = [list(p) for p in prompts()[:4]]
+    want = greedy_generate(target, prompts_, 16)
+    first = build("blocking")
+    try:
+        phases = first.worker.state.phases
+        for name, manager in phases.managers.items():
+            size = manager.stats.sizes[2]
+            assert (size.engine, size.fallback, size.source) == ("inductor", None, "recorded"), name
+        assert first.generate(prompts_, 16) == want
+        assert first.stats()["phases"]["verify"]["replays"] > 0
+    finally:
+        first.close()
+    assert len(list((tmp_path / "store").glob("*.dgc"))) == 1 + 4  # the draft step's size, 4 phase units
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    second = build("background")  # queued: stored units load at construction
+    try:
+        sources = {n: m.stats.sizes[2].source for n, m in second.worker.state.phases.managers.items()}
+        # in this process the code compiled above is reused ("shared"); a fresh one loads it
+        # from the store ("loaded": test_compiled_steps' fresh-process test, the same route)
+        assert set(sources.values()) <= {"loaded", "shared"}, sources
+        assert second.startup()["units_compiled"] == 0
+        assert second.generate(prompts_, 16) == want
+    finally:
+        second.close()
+
+
+def _no_recording(*_a, **_k):
+    raise AssertionError("recorded a step that the store holds")
