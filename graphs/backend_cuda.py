@@ -138,13 +138,16 @@ class CudaBackend:
     captures = True
     records_on_copies = False  # a CUDA graph bakes the addresses it records: capture on the live buffers
 
-    def __init__(self, rows: int, device: torch.device) -> None:
+    def __init__(self, rows: int, device: torch.device, share: Any = None) -> None:
         if device.type != "cuda":
             raise ValueError(f"device={device}: the cuda backend needs CUDA static inputs")
         self._device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self._rows = rows
-        self._stream: torch.cuda.Stream | None = torch.cuda.Stream(device=self._device)
-        self._pool: Any = torch.cuda.graph_pool_handle()
+        if share is not None:  # a `CaptureShare`: the pool and stream of the other managers of a state
+            self._pool, self._stream = share.pool_and_stream(self._device)
+        else:
+            self._stream = torch.cuda.Stream(device=self._device)
+            self._pool = torch.cuda.graph_pool_handle()
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` eagerly on the capture stream (lazy init, cuBLAS handles) and wait for it."""

@@ -6,6 +6,8 @@ one, so it imports the backend modules and none of them imports it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .backend_compile import CompileBackend, compiler_available
@@ -43,12 +45,13 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
 
 
 def make_backend(name: str, rows: int, device: torch.device, auto: bool = False,
-                 stored: StoredCode | None = None) -> GraphBackend:
+                 stored: StoredCode | None = None, share: Any = None) -> GraphBackend:
     """A fresh backend instance for a resolved ``name``; ``rows`` = the largest capture size;
     ``auto``: chosen by "auto" (compile then times each size against eager); ``stored``: where
-    compiled code is stored and loaded from (the compile backend; the others ignore it)."""
+    compiled code is stored and loaded from (the compile backend; the others ignore it);
+    ``share``: a `CaptureShare` (the cuda backend captures into its pool on its stream)."""
     if name == "cuda":
-        return CudaBackend(rows, device)
+        return CudaBackend(rows, device, share)
     if name == "trace":
         return TraceBackend(rows)
     if name == "compile":

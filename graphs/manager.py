@@ -33,6 +33,7 @@ from torch import Tensor
 
 from .backend_compile import prepare_background_compile
 from .backends import make_backend, resolve_backend
+from .capture_share import CaptureShare
 from .compiled_entry import StoredCode
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
@@ -129,7 +130,9 @@ class GraphCaptureManager:
     counted as ``eager_runs``. ``counters`` is where runs are counted (default: a new
     `ReplayCounters`); a caller that recaptures with a new manager may pass the old one's.
     ``stored`` (`StoredCode`): the compile backend stores each compiled size there and loads
-    stored code instead of recording and compiling again (see `load_stored`).
+    stored code instead of recording and compiling again (see `load_stored`). ``share`` (a
+    `CaptureShare`): the cuda backend captures into its pool on its stream, with the other
+    managers given the same share (a runtime state's draft step and phases).
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class GraphCaptureManager:
         debug_every: int | None = None,
         counters: ReplayCounters | None = None,
         stored: StoredCode | None = None,
+        share: CaptureShare | None = None,
     ) -> None:
         if not callable(step):
             raise TypeError(f"step={step!r}: must be callable")
@@ -158,6 +162,7 @@ class GraphCaptureManager:
             raise ValueError(f"static_inputs on {devices}: backend 'cuda' needs CUDA tensors")
         self._step = step
         self._stored = stored
+        self._share = share
         self._sizes = sizes
         self._table = padding_table(sizes) if self._backend_name != "eager" else ()
         self._debug = DebugConfig.resolve(debug, debug_every)
@@ -297,7 +302,7 @@ class GraphCaptureManager:
             self._captures += 1
             return
         backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto,
-                               stored=self._stored)
+                               stored=self._stored, share=self._share)
         graphs: dict[int, CapturedGraph] = {}
         records: dict[int, CaptureRecord] = {}
         size = self.max_size
@@ -443,7 +448,7 @@ class GraphCaptureManager:
         if backend is not None:
             return backend
         backend = make_backend(self._backend_name, self.max_size, self._static.device, auto=self._auto,
-                               stored=self._stored)
+                               stored=self._stored, share=self._share)
         size = self.max_size
         args = self._static.shadow_views(size) if backend.records_on_copies else self._static.views(size)
         with span("warmup", size=size, backend=self._backend_name):

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from draftgraph.graphs import ReplayCounters
+from draftgraph.graphs.capture_share import CaptureShare
 
 from .config import SpeculativeConfig
 from .phases import PhaseGraphs
@@ -138,6 +139,7 @@ class RuntimeState:
         self.storage_guard: Any = None  # the draft tensors its graphs read (`weights.StorageGuard`)
         self.phases: PhaseGraphs | None = None  # the host's phases (verify, extend), see `phases`
         self.phase_spec: SpeculativeConfig | None = None  # the spec the phases were captured for
+        self.capture_share = CaptureShare()  # CUDA: one pool and stream for the draft step and phases
 
     @property
     def topology_buffers(self) -> TopologyBuffers | None:

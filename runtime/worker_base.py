@@ -277,7 +277,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         graph_step = self._graph_step(state, max(state.capture_sizes))
         return GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
                                    backend=backend, pad_values=graph_step.pad_values, counters=state.replays,
-                                   stored=self._stored_code(state, backend, background))
+                                   stored=self._stored_code(state, backend, background), share=state.capture_share)
 
     def set_phase_provider(self, provider: PhaseProvider | None) -> None:
         """The host's phases (target verify, draft extend; see `runtime.phases`): every state
@@ -301,7 +301,8 @@ class EagleDraftWorkerBase(ReloadMixin):
                 stored = phase_stored_code(name, graph_step.structure, graph_step.constants)
             phases.add(name, GraphCaptureManager(graph_step.step, graph_step.static_inputs,
                                                  list(state.capture_sizes), backend=backend,
-                                                 pad_values=graph_step.pad_values, stored=stored))
+                                                 pad_values=graph_step.pad_values, stored=stored,
+                                                 share=state.capture_share))
         return phases
 
     @staticmethod

@@ -146,3 +146,27 @@ def test_spans_and_release_returns_memory() -> None:
     gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == baseline
+
+
+def test_managers_sharing_one_pool_replay_in_any_order() -> None:
+    """Two managers (a state's draft step and a phase) captured into one `CaptureShare`: each
+    replay equals eager in either order, and one's replay never overwrites the other's outputs."""
+    from draftgraph.graphs.capture_share import CaptureShare
+
+    share = CaptureShare()
+    steps = {"first": _make_step(_weights()), "second": _make_step(_weights() * 2)}
+    managers = {name: GraphCaptureManager(step, _static(), SIZES, backend="cuda", share=share)
+                for name, step in steps.items()}
+    for manager in managers.values():
+        manager.capture()
+    assert share.device is not None and share.device.type == "cuda"
+    for order in (("first", "second"), ("second", "first")):
+        got = {}
+        for seed, name in enumerate(order):
+            batch = _batch(4, seed=seed)
+            got[name] = (managers[name].run(batch), batch)  # views of graph memory, both still live
+        for name, (outs, batch) in got.items():
+            for g, e in zip(outs, steps[name](**batch)):
+                assert torch.equal(g, e), (order, name)
+    for manager in managers.values():
+        manager.release()
