@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
-from draftgraph.graphs import backend_trace
+from draftgraph.graphs import backend_trace, record_spans
 from draftgraph.graphs.backend_compile import compiler_available
 from draftgraph.runtime import SpeculativeConfig, stored_steps
 from draftgraph.runtime.compile_store import CompileStore
@@ -54,7 +54,15 @@ def test_each_phase_captured_per_size_width_and_tier_and_lossless():
             else:
                 assert inputs["path"].shape == (4, 4)  # width S + 1
                 assert inputs["hidden"].shape[:2] == (4, 6)
-        assert _run(engine) == reference()
+        with record_spans() as spans:
+            assert _run(engine) == reference()
+        ran = [a for name, a in spans if name == "phase"]
+        assert {"phase": "verify@128", "bs": 4, "mode": "graph", "padded": 4} in ran
+        assert any(a["phase"] == "extend@128" and a["mode"] == "graph" for a in ran)
+        for a in ran:  # a graph replays at the smallest captured size that holds the batch
+            if a["mode"] == "graph":
+                assert a["padded"] == (2 if a["bs"] <= 2 else 4), a
+        assert any(a["mode"] == "eager" and a["reason"] == "above_max" and a["bs"] > 4 for a in ran)
         figures = phases.describe()
         assert figures["verify@128"]["replays"] > 0
         assert figures["extend@128"]["replays"] > 0

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import Miss
+from draftgraph.graphs import Miss, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.worker_base import GraphStep
 
@@ -165,9 +165,15 @@ class EnginePhases:
         found = phases.lookup(name, b) if phases is not None else Miss("no_graphs")
         if type(found) is tuple:
             manager, plan = found
+            if spans_active():  # what ran, as the step's ``served`` range says it for the draft
+                with span("phase", phase=name, bs=b, mode="graph", padded=plan.padded):
+                    pass
             return manager.replay_trusted(plan, tuple(inputs.values()))
         if phases is not None:
             phases.count_eager(name, found.reason)
+        if spans_active():
+            with span("phase", phase=name, bs=b, mode="eager", reason=found.reason):
+                pass
         return eager()
 
     def verify(self, state: Any, batch: StepBatch, tree: Any, n: int, eager: Any
