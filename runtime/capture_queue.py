@@ -92,6 +92,9 @@ class CaptureQueue:
         self.units_failed = 0  # raised, or cancelled by stop (see the module docstring)
         self.units_cancelled = 0  # pending when stop was called: never run
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
+        self.unit_s = 0.0  # seconds the units that ran took (over units_run: a unit's mean)
+        self.unfinished_s = 0.0  # the longest a unit ran that failed or was cut off (a lower bound)
+        self._unit_started: float | None = None  # when the latest unit in progress started
 
     # ---- queueing ----------------------------------------------------------------------------
     def add(self, state: RuntimeState, manager: Any, background_thread: bool) -> None:
@@ -120,6 +123,11 @@ class CaptureQueue:
         with self._lock:
             self._prune()
             return sum(len(e.manager.pending_sizes) for e in self._entries)
+
+    def running_s(self) -> float | None:
+        """Seconds the latest unit in progress has run (None when none runs)."""
+        started = self._unit_started
+        return None if started is None else time.perf_counter() - started
 
     # ---- running -----------------------------------------------------------------------------
     def _prune(self) -> None:
@@ -163,9 +171,13 @@ class CaptureQueue:
                 return False
             entry, size = picked
             self._running += 1
+            started = self._unit_started = time.perf_counter()
         state = entry.state
+        ran = False
         try:
             seconds = entry.manager.capture_size(size)
+            ran = True
+            self.unit_s += seconds
             record = entry.manager.stats.sizes.get(size)
             state.capture_s += seconds
             if record is not None:  # the same figures a blocking capture records
@@ -188,6 +200,10 @@ class CaptureQueue:
                 raise
         finally:
             with self._lock:
+                if not ran:
+                    self.unfinished_s = max(self.unfinished_s, time.perf_counter() - started)
+                if self._unit_started == started:
+                    self._unit_started = None
                 self._running -= 1
                 self._taken.discard((id(entry.manager), size))
                 self._prune()

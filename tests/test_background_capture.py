@@ -285,6 +285,37 @@ def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancel
     assert w.stop_capture(30) is True
 
 
+def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
+    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
+    q = w.capture_queue
+    assert graphs_eta(q, 0) is None
+    release, entered = threading.Event(), threading.Event()
+
+    def hang():
+        entered.set()
+        release.wait(60)
+
+    w.capture_graphs("trace", background=True)
+    _inject(w.state.graphs, {4: hang})  # before any batch: the smallest first, so 1 and 2 ran
+    try:
+        assert entered.wait(30)
+        eta = graphs_eta(q, len(w.state.graphs.pending_sizes))
+        assert (eta["pending"], eta["basis"], eta["units_measured"]) == (2, "measured", 2)
+        assert eta["per_unit_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_unit_s"])
+        assert eta["paced_s"] == q.max_wait_s
+        report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
+                  "states": [{"sizes_ready": [1, 2], "sizes_pending": [4, 8], "sizes_failed": []}]}
+        text = _ready_text(report)
+        assert text.startswith("not yet: 2 of 4 capture units pending (background); compiling them takes about ")
+        assert "the mean of 2 here" in text and "served eager meanwhile" in text
+    finally:
+        release.set()
+    assert w.stop_capture(30)
+
+
 def test_engine_close_reports_a_capture_still_running():
     target, head = models("eagle")
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2))), max_running_requests=2)

@@ -17,7 +17,7 @@ from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary
 from .stats import EngineStats
 
-__all__ = ["EngineReport"]
+__all__ = ["EngineReport", "graphs_eta"]
 
 
 class EngineReport:
@@ -82,23 +82,45 @@ class EngineReport:
         ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
         ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
-        failed), ``eager_steps_by_reason``, the queued units run and failed so far, and where the
+        failed), ``eager_steps_by_reason``, the queued units run and failed so far, how long the
+        pending ones will take (``graphs_eta``: `graphs_eta`), and where the
         live graphs came from (`runtime.stored_steps.source_counts`: compiled, loaded from the
         compiled-code store, shared)."""
         states = self.boundary.states()
         queue = self.worker.capture_queue
+        described = [_describe_capture(s) for s in states]
         return {
             "capture": self.capture,
             "startup_s": self.startup_s,
             "graphs_ready_s": self.graphs_ready_s(),
             "capture_s": sum(s.capture_s for s in states),
             "compile_s": sum(s.compile_s for s in states),
-            "states": [_describe_capture(s) for s in states],
+            "states": described,
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
+            "graphs_eta": graphs_eta(queue, sum(len(s["sizes_pending"]) for s in described)),
             **source_counts(states, self.worker.compile_process_figures()),
         }
+
+
+def graphs_eta(queue: Any, pending: int) -> dict[str, Any] | None:
+    """How long the ``pending`` capture units will take (None when none is pending):
+    ``per_unit_s`` is the mean over the units that ran here (``basis`` "measured"); when none
+    ran yet it is the longest a unit has run without finishing (the one in progress, or one cut
+    off by a stop: ``basis`` "at least"), else None (``basis`` "unknown"). ``seconds`` is
+    ``pending * per_unit_s`` of capture work; a busy server runs a unit every ``paced_s`` at most
+    (None when the queue runs them back to back)."""
+    if pending <= 0:
+        return None
+    if queue.units_run:
+        per_unit, basis = queue.unit_s / queue.units_run, "measured"
+    else:
+        longest = max(queue.unfinished_s, queue.running_s() or 0.0)
+        per_unit, basis = (longest, "at least") if longest > 0 else (None, "unknown")
+    paced = queue.max_wait_s if queue.max_wait_s > 0 else None
+    return {"pending": pending, "per_unit_s": per_unit, "seconds": None if per_unit is None else pending * per_unit,
+            "basis": basis, "units_measured": queue.units_run, "paced_s": paced}
 
 
 def _describe_capture(state: Any) -> dict[str, Any]:
