@@ -2,23 +2,22 @@
 
 Inductor's code generation is Python: run in a thread beside serving, it holds the GIL for
 seconds per graph and serving waits at every torch op (measured on 2 cores: the demo's loop
-fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded, constant-lifted
-aten graph (pickled: its code, no tensors) and the shapes, strides and dtypes of its inputs to
-a process of its own, which compiles it (``standalone_compile``, specialized on those shapes,
-over zero-filled stand-ins: the values never reach the code) and returns the artifact's bytes;
-the caller loads them (`backend_compile._load_artifact`, milliseconds) and checks the result
-bitwise as it checks an in-process compile. The process (`_serve` run by
-``python -c``, length-prefixed pickles over its stdin and stdout: a private
-pipe) is started on first use (it imports torch and inductor once), reused, and runs at a lower
-priority; it uses the same inductor cache folder. When it dies the
-call raises `CompileWorkerDied` (the caller's size stays eager, counted) and the next call
-starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
+fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded,
+constant-lifted aten graph (node for node, as plain data: `graph_wire`; no tensors) and the
+shapes, strides and dtypes of its inputs to a process of its own, which compiles it
+(``standalone_compile``, specialized on those shapes, over zero-filled stand-ins: the values
+never reach the code) and returns the artifact's bytes; the caller loads them
+(`backend_compile._load_artifact`, milliseconds) and checks the result bitwise as it checks
+an in-process compile. The process (`_serve` run by ``python -c``, length-prefixed pickles
+over its stdin and stdout: a private pipe) is started on first use (it imports torch and
+inductor once), reused, and runs at a lower priority; it uses the same inductor cache folder.
+When it dies the call raises `CompileWorkerDied` (the caller's size stays eager, counted) and
+the next call starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import logging
 import os
@@ -33,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from .graph_wire import graph_from_wire, graph_to_wire
+
 __all__ = ["CompileWorker", "CompileWorkerDied"]
 
 logger = logging.getLogger(__name__)
@@ -46,18 +47,8 @@ def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
 
 
-def _plain(gm: fx.GraphModule) -> fx.GraphModule:
-    """``gm`` with plain positional code: a make_fx graph flattens its arguments through pytree
-    specs that pickling drops (measured: the unpickled graph compiled to code that fails with
-    IndexError when called), so what crosses the pipe is the same graph with the default codegen."""
-    plain = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    plain.graph.set_codegen(fx.graph.CodeGen())
-    plain.recompile()
-    return plain
-
-
-def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], threads: int
-                      ) -> tuple[bytes, float]:
+def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int, ...], tuple[int, ...], str]],
+                      threads: int) -> tuple[bytes, float]:
     """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
     threads (inductor's CPU code depends on it, and so does its cache key: the same count
     makes the same code and shares the parent's cache entries)."""
@@ -65,7 +56,7 @@ def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int
 
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    gm = pickle.loads(graph)  # noqa: S301  # our own parent's pickle, over a private pipe
+    gm = graph_from_wire(graph)
     inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
               for shape, stride, dtype in metas]
     start = time.perf_counter()
@@ -137,7 +128,7 @@ class CompileWorker:
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
         """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
         `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
-        request = (pickle.dumps(_plain(gm)), [_meta(t) for t in inputs], torch.get_num_threads())
+        request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads())
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._closing = False

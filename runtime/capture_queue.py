@@ -48,12 +48,13 @@ logger = logging.getLogger(__name__)
 class _Entry:
     """One queued state: its manager and the order it was queued in."""
 
-    __slots__ = ("manager", "order", "state")
+    __slots__ = ("manager", "order", "paced", "state")
 
-    def __init__(self, state: RuntimeState, manager: Any, order: int) -> None:
+    def __init__(self, state: RuntimeState, manager: Any, order: int, paced: bool = True) -> None:
         self.state = state
         self.manager = manager
         self.order = order
+        self.paced = paced
 
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
@@ -97,11 +98,13 @@ class CaptureQueue:
         self._unit_started: float | None = None  # when the latest unit in progress started
 
     # ---- queueing ----------------------------------------------------------------------------
-    def add(self, state: RuntimeState, manager: Any, background_thread: bool) -> None:
+    def add(self, state: RuntimeState, manager: Any, background_thread: bool, paced: bool = True) -> None:
         """Queue every pending size of ``manager`` (``state``'s graphs); with
-        ``background_thread`` start (or keep) the thread that runs them."""
+        ``background_thread`` start (or keep) the thread that runs them. ``paced=False``: its
+        units compile in another process (only recording runs here), so they start at once,
+        busy or not (the pacing of the class docstring is for units that compile here)."""
         with self._lock:
-            self._entries.append(_Entry(state, manager, self._order))
+            self._entries.append(_Entry(state, manager, self._order, paced))
             self._order += 1
             self.idle_since = None
             self._last_step = time.perf_counter()  # serving usually starts right after queueing
@@ -209,9 +212,22 @@ class CaptureQueue:
                 self._prune()
         return True
 
+    def paced(self) -> bool:
+        """True when the next unit waits for its turn (see the class docstring): it compiles in
+        this process. False when it compiles elsewhere, or none is pending."""
+        with self._lock:
+            self._prune()
+            active = self._active()
+            for entry in sorted(self._entries, key=lambda e: (e.state is not active, e.order)):
+                if any((id(entry.manager), s) not in self._taken for s in entry.manager.pending_sizes):
+                    return entry.paced
+            return False
+
     def _wait_for_a_turn(self) -> None:
         """Background thread: wait until serving is idle or ``max_wait_s`` passed since the last
-        unit (or the queue is stopped)."""
+        unit (or the queue is stopped); no wait when the next unit compiles elsewhere."""
+        if not self.paced():
+            return
         while not self._stopped:
             now = time.perf_counter()
             if now - self._last_step >= self.idle_s or now - self._last_unit >= self.max_wait_s:

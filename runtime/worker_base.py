@@ -301,7 +301,8 @@ class EagleDraftWorkerBase(ReloadMixin):
         if old is not None:
             old.release()
         if manager.pending_sizes:
-            self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda")
+            self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda",
+                                   paced=not manager.compiles_elsewhere)
         return state
 
     def capture_graphs(self, backend: str = "auto", background: bool = False) -> RuntimeState:

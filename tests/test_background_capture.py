@@ -216,6 +216,29 @@ def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, mak
     assert w.state.graphs.captured_sizes == sizes and w.capture_queue.pending() == 0
 
 
+def test_units_that_compile_elsewhere_are_not_paced(monkeypatch, make_worker):
+    """A unit whose compile runs in the compile process holds this process only to record: a
+    busy server gets every unit back to back (the clock never lets a paced one start)."""
+    from draftgraph.graphs.manager import GraphCaptureManager
+    from draftgraph.runtime import capture_queue
+
+    clock = _Clock()
+    monkeypatch.setattr(capture_queue, "time", clock)
+    monkeypatch.setattr(GraphCaptureManager, "compiles_elsewhere", property(lambda self: True))
+    sizes = (1, 2, 4, 8)
+    w = make_worker(SPEC, bs=sizes, backend=None)
+    w.capture_queue.max_wait_s = 1e9  # a paced unit would never start while busy
+    w.capture_graphs("trace", background=True)
+    assert w.capture_queue.paced() is False
+    inp = make_draft_input(1, 2)
+    for _ in range(MAX_SERVE_ROUNDS):  # busy: a step every 20 ms of the queue's clock
+        clock.now += 0.02
+        w.draft_forward(inp)
+        if not w.capture_queue.pending():
+            break
+    assert w.state.graphs.captured_sizes == sizes and w.capture_queue.units_run == len(sizes)
+
+
 # ---- issue 32: units that raise anything, hang, or are cancelled ------------------------------
 def _inject(manager, fault_at: dict):
     """Make ``manager``'s capture of the listed sizes call ``fault_at[size]()`` instead."""

@@ -202,6 +202,35 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
     w.stop_capture()
 
 
+@pytest.mark.slow
+def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_only_op():
+    """The default EAGLE head's step has ops of constants only (arange); the graph travels node
+    for node (`graph_wire`), so the child's artifact takes the same arguments as the graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from draftgraph.graphs.backend_compile import _load_artifact, inductor_cache_dir
+    from draftgraph.graphs.compile_worker import CompileWorker
+
+    def step(x, cache):
+        cache.add_(1)
+        pos = torch.arange(x.shape[-1], dtype=x.dtype).unsqueeze(0)
+        return x * 2 + pos, cache
+
+    x, cache = torch.randn(3, 8), torch.zeros(5)
+    gm = make_fx(step)(x, cache)
+    worker = CompileWorker(str(inductor_cache_dir()))
+    try:
+        raw = worker.compile(gm, (x, cache))
+    finally:
+        worker.close()
+    assert worker.compiles == 1 and worker.compile_s > 0
+    compiled = _load_artifact(raw)
+    c1, c2 = cache.clone(), cache.clone()
+    with torch.no_grad():
+        want, got = gm(x, c1), compiled(x, c2)
+    assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(c1, c2)
+
+
 def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
     """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
     for it, so the entry holds the recorded graph; a second worker loads it without recording."""

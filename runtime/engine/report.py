@@ -110,7 +110,8 @@ def graphs_eta(queue: Any, pending: int) -> dict[str, Any] | None:
     ran yet it is the longest a unit has run without finishing (the one in progress, or one cut
     off by a stop: ``basis`` "at least"), else None (``basis`` "unknown"). ``seconds`` is
     ``pending * per_unit_s`` of capture work; a busy server runs a unit every ``paced_s`` at most
-    (None when the queue runs them back to back)."""
+    (None when the next unit is not paced: it compiles in the compile process, or
+    ``max_wait_s`` is 0)."""
     if pending <= 0:
         return None
     if queue.units_run:
@@ -118,7 +119,7 @@ def graphs_eta(queue: Any, pending: int) -> dict[str, Any] | None:
     else:
         longest = max(queue.unfinished_s, queue.running_s() or 0.0)
         per_unit, basis = (longest, "at least") if longest > 0 else (None, "unknown")
-    paced = queue.max_wait_s if queue.max_wait_s > 0 else None
+    paced = queue.max_wait_s if queue.max_wait_s > 0 and queue.paced() else None
     return {"pending": pending, "per_unit_s": per_unit, "seconds": None if per_unit is None else pending * per_unit,
             "basis": basis, "units_measured": queue.units_run, "paced_s": paced}
 
