@@ -410,7 +410,14 @@ class CompileBackend(TraceBackend):
         _use_cache_dir()
         raw: bytes | None = None
         if self._compiler is not None and self._compile_fn is None:
-            raw = self._compiler.compile(lifted, inputs)  # no lock held: this process goes on serving
+            try:
+                raw = self._compiler.compile(lifted, inputs)  # no lock held: this process goes on serving
+            except CompileWorkerDied:
+                raise
+            except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
+                logger.warning("compile process: size %d not compiled there (%s); compiling it in this process",
+                               size, exc)
+        if raw is not None:
             with torch.no_grad():
                 before = _fx_source_keys()
                 try:
@@ -430,8 +437,11 @@ class CompileBackend(TraceBackend):
                     compiled = compile_fn(lifted, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs
                     _evict_fx_sources(_fx_source_keys() - before)
-            want_in = _copies(inputs)
-            got_in = _copies(inputs)
+            # one snapshot, copied twice: serving may write the live cache between two copies of
+            # it (seen beside serving: "input after the step 17: values differ" at size 4)
+            snapshot = _copies(inputs)
+            want_in = _copies(snapshot)
+            got_in = _copies(snapshot)
             want = lifted(*want_in)
             got = compiled(*got_in)
         if isinstance(got, Tensor):
