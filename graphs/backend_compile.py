@@ -348,6 +348,7 @@ class CompileBackend(TraceBackend):
         stored = self.load(size, fn, args, trace_args)
         if stored is not None:
             return stored
+        unit_start = time.perf_counter()
         graph = super().capture(size, fn, args, trace_args)
         gm = graph.module
         start = time.perf_counter()
@@ -377,6 +378,8 @@ class CompileBackend(TraceBackend):
             self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
         if runner is not None:
             self._save(graph, runner.compiled, runner.constants, runner.raw)
+            if self._store is not None and self._compile_fn is None:
+                self._store.note_unit_seconds(time.perf_counter() - unit_start)
         return graph
 
     def _time_against_eager(self, graph: TraceGraph | StoredGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]

@@ -24,7 +24,7 @@ from draftgraph.graphs.compiled_entry import StoredCode
 from .compile_store import default_compile_store
 from .state import RuntimeState
 
-__all__ = ["code_digest", "source_counts", "stored_code"]
+__all__ = ["code_digest", "compiled_unit_seconds", "source_counts", "stored_code"]
 
 
 @lru_cache(maxsize=1)
@@ -91,6 +91,13 @@ def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = No
     if store is None:
         return None
     return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
+
+
+def compiled_unit_seconds() -> float | None:
+    """The mean seconds a unit took to record and compile, as noted in the store by this and
+    earlier processes (None when the store is off or holds no figure)."""
+    store = default_compile_store()
+    return None if store is None else store.unit_seconds()
 
 
 def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:

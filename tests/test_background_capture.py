@@ -334,9 +334,27 @@ def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
         text = _ready_text(report)
         assert text.startswith("not yet: 2 of 4 capture units pending (background); compiling them takes about ")
         assert "the mean of 2 here" in text and "served eager meanwhile" in text
+        assert graphs_eta(q, 2, earlier_s=30.0)["basis"] == "measured"  # this run's units come first
     finally:
         release.set()
     assert w.stop_capture(30)
+
+
+def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
+    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    w = make_worker(SPEC, bs=(1, 2), backend=None)
+    q = w.capture_queue
+    eta = graphs_eta(q, 2, earlier_s=7.5)
+    assert eta == {"pending": 2, "per_unit_s": 7.5, "seconds": 15.0, "basis": "earlier runs",
+                   "units_measured": 0, "paced_s": None}  # nothing queued: nothing paced
+    assert graphs_eta(q, 2)["basis"] == "unknown"
+    report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
+              "states": [{"sizes_ready": [], "sizes_pending": [1, 2], "sizes_failed": []}]}
+    text = _ready_text(report)
+    assert text.startswith("not yet: 2 of 2 capture units pending (background); compiling them takes about 15 s ")
+    assert "measured by earlier runs" in text and "served eager meanwhile" in text
 
 
 def test_engine_close_reports_a_capture_still_running():

@@ -60,6 +60,13 @@ def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
     return [t.clone() for t in w.draft_forward(make_draft_input(b, 2, seed=seed))]
 
 
+def _code_entries(folder: Path) -> list[Path]:
+    """The store's entries of compiled code (not its own unit-seconds entry), sorted."""
+    from draftgraph.runtime.compile_store import _UNIT_SECONDS_KEY
+
+    return sorted(p for p in folder.glob("*.dgc") if p.stem != _UNIT_SECONDS_KEY)
+
+
 def _no_recording(*_a, **_k):
     raise AssertionError("recorded a step that the store holds")
 
@@ -76,7 +83,8 @@ def stored_folder(tmp_path_factory) -> Path:
         assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
     finally:
         mp.undo()
-    assert len(list(folder.glob("*.dgc"))) == len(SIZES)
+    assert len(_code_entries(folder)) == len(SIZES)
+    assert CompileStore(folder).unit_seconds() > 0  # each compiled unit noted its seconds
     return folder
 
 
@@ -114,11 +122,11 @@ def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
 def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, monkeypatch, caplog):
     folder = tmp_path / "store"
     folder.mkdir(mode=0o700)
-    for path in stored_folder.glob("*.dgc"):
+    for path in _code_entries(stored_folder):
         (folder / path.name).write_bytes(path.read_bytes())
         os.chmod(folder / path.name, 0o600)
     store = _use_store(monkeypatch, folder)
-    victim = sorted(folder.glob("*.dgc"))[0]
+    victim = _code_entries(folder)[0]
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     victim.write_bytes(bytes(raw))
@@ -126,7 +134,7 @@ def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, m
         w = _worker("compile", TinyDraftModel(seed=0))
     assert sorted(_sources(w).values()) == ["loaded", "recorded"]
     assert store.refused == 1 and str(victim) in caplog.text
-    assert victim.exists() and len(list(folder.glob("*.dgc"))) == len(SIZES)  # rebuilt and stored again
+    assert victim.exists() and len(_code_entries(folder)) == len(SIZES)  # rebuilt and stored again
     assert CompileStore(folder).get(victim.name.removesuffix(".dgc")) is not None
 
 

@@ -308,9 +308,12 @@ def _ready_text(r: dict[str, Any]) -> str:
     if eta.get("basis") == "measured":
         text += (f"compiling them takes about {eta['seconds']:.0f} s more ({eta['per_unit_s']:.1f} s a unit, "
                  f"the mean of {eta['units_measured']} here")
+    elif eta.get("basis") == "earlier runs":
+        text += (f"compiling them takes about {eta['seconds']:.0f} s ({eta['per_unit_s']:.1f} s a unit, "
+                 f"measured by earlier runs; none finished here")
     elif eta.get("basis") == "at least":
-        text += (f"compiling them takes at least {eta['seconds']:.0f} s more (no unit finished; one ran "
-                 f"{eta['per_unit_s']:.1f} s")
+        text += (f"compiling them takes at least {eta['seconds']:.0f} s more (no unit finished; the longest "
+                 f"ran {eta['per_unit_s']:.1f} s")
     else:
         text += "no unit ran yet, so no estimate of the time they take ("
     if eta.get("paced_s"):
