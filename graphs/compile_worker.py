@@ -89,10 +89,21 @@ def _receive(stream: Any) -> Any:
     return pickle.loads(data)  # noqa: S301  # our own process's pickle, over a private pipe
 
 
+class _DropNoCudaNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged when inductor loads
+    its C++ tools on a machine without CUDA): the serving process logged it already, or its
+    command dropped it; a copy from each compile process says nothing new."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
 def _serve() -> None:
     """The compile process's loop: one request in (stdin), one answer out (stdout), until EOF."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever inductor prints must not corrupt the answers
+    if not torch.cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").addFilter(_DropNoCudaNotice())
     with contextlib.suppress(OSError, AttributeError):  # serving comes first: nice 10, not more
         os.nice(max(0, _NICE - os.getpriority(os.PRIO_PROCESS, 0)))
     for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # imported as in a parent that compiles
@@ -116,7 +127,7 @@ class CompileWorker:
         self._cache_dir = cache_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
-        self._closing = False  # close() ends the process: a compile cut off then is no death
+        self._closing = False  # close() ends the process for good: a compile cut off then is no death
         self.compiles = 0
         self.deaths = 0
         self.compile_s = 0.0
@@ -134,8 +145,9 @@ class CompileWorker:
         `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
         request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads())
         with self._lock:
+            if self._closing:  # closed for good: a unit recorded after close() must not start a new one
+                raise CompileWorkerDied("the compile process was closed")
             if self._proc is None or self._proc.poll() is not None:
-                self._closing = False
                 self._proc = self._start()
             proc = self._proc
             try:
@@ -163,8 +175,10 @@ class CompileWorker:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def close(self) -> None:
-        """End the compile process (a later compile starts a new one); waits for a compile in
-        progress only as long as the caller's lock does (it kills the process)."""
+        """End the compile process for good: a compile in progress raises `CompileWorkerDied`
+        at once (the process is killed) and so does every later one (before, a unit still
+        recording when the capture stopped started a new process and compiled on after the
+        engine's close)."""
         self._closing = True
         proc = self._proc
         if proc is not None and proc.poll() is None:

@@ -210,6 +210,20 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
     w.stop_capture()
 
 
+def test_a_closed_compile_process_starts_no_new_one():
+    """A unit that finishes recording after the capture stopped must not compile on."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+
+    worker = CompileWorker()
+    worker.close()
+    gm = make_fx(lambda x: x + 1)(torch.ones(2))
+    with pytest.raises(CompileWorkerDied, match="closed"):
+        worker.compile(gm, (torch.ones(2),))
+    assert worker.pid() is None and (worker.compiles, worker.deaths) == (0, 0)
+
+
 @pytest.mark.slow
 def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_only_op():
     """The default EAGLE head's step has ops of constants only (arange); the graph travels node
