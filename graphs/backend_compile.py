@@ -418,8 +418,10 @@ class CompileBackend(TraceBackend):
             except CompileWorkerDied:
                 raise
             except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
-                logger.warning("compile process: size %d not compiled there (%s); compiling it in this process",
-                               size, exc)
+                # a step with nothing to compile (chain S=1) has no saveable artifact: expected, and
+                # cheap here (this process stores its recorded graph, see _save)
+                log = logger.info if "not a saveable" in str(exc) else logger.warning
+                log("compile process: size %d not compiled there (%s); compiling it in this process", size, exc)
         if raw is not None:
             with torch.no_grad():
                 before = _fx_source_keys()
