@@ -351,6 +351,7 @@ class CompileBackend(TraceBackend):
         stored = self.load(size, fn, args, trace_args)
         if stored is not None:
             return stored
+        unit_start = time.perf_counter()
         graph = super().capture(size, fn, args, trace_args)
         gm = graph.module
         start = time.perf_counter()
@@ -380,6 +381,8 @@ class CompileBackend(TraceBackend):
             self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
         if runner is not None:
             self._save(graph, runner.compiled, runner.constants, runner.raw)
+            if self._store is not None and self._compile_fn is None:
+                self._store.note_unit_seconds(time.perf_counter() - unit_start)
         return graph
 
     def _time_against_eager(self, graph: TraceGraph | StoredGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]
@@ -414,7 +417,16 @@ class CompileBackend(TraceBackend):
         exact, _ = keep_aten_reductions(lifted)  # what inductor compiles; ``lifted`` is the reference
         raw: bytes | None = None
         if self._compiler is not None and self._compile_fn is None:
-            raw = self._compiler.compile(exact, inputs)  # no lock held: this process goes on serving
+            try:
+                raw = self._compiler.compile(exact, inputs)  # no lock held: this process goes on serving
+            except CompileWorkerDied:
+                raise
+            except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
+                # a step with nothing to compile (chain S=1) has no saveable artifact: expected, and
+                # cheap here (this process stores its recorded graph, see _save)
+                log = logger.info if "not a saveable" in str(exc) else logger.warning
+                log("compile process: size %d not compiled there (%s); compiling it in this process", size, exc)
+        if raw is not None:
             with torch.no_grad():
                 before = _fx_source_keys()
                 try:
@@ -434,8 +446,11 @@ class CompileBackend(TraceBackend):
                     compiled = compile_fn(exact, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs
                     _evict_fx_sources(_fx_source_keys() - before)
-            want_in = _copies(inputs)
-            got_in = _copies(inputs)
+            # one snapshot, copied twice: serving may write the live cache between two copies of
+            # it (seen beside serving: "input after the step 17: values differ" at size 4)
+            snapshot = _copies(inputs)
+            want_in = _copies(snapshot)
+            got_in = _copies(snapshot)
             want = lifted(*want_in)
             got = compiled(*got_in)
         if isinstance(got, Tensor):

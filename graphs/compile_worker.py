@@ -2,23 +2,22 @@
 
 Inductor's code generation is Python: run in a thread beside serving, it holds the GIL for
 seconds per graph and serving waits at every torch op (measured on 2 cores: the demo's loop
-fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded, constant-lifted
-aten graph (pickled: its code, no tensors) and the shapes, strides and dtypes of its inputs to
-a process of its own, which compiles it (``standalone_compile``, specialized on those shapes,
-over zero-filled stand-ins: the values never reach the code) and returns the artifact's bytes;
-the caller loads them (`backend_compile._load_artifact`, milliseconds) and checks the result
-bitwise as it checks an in-process compile. The process (`_serve` run by
-``python -c``, length-prefixed pickles over its stdin and stdout: a private
-pipe) is started on first use (it imports torch and inductor once), reused, and runs at a lower
-priority; it uses the same inductor cache folder. When it dies the
-call raises `CompileWorkerDied` (the caller's size stays eager, counted) and the next call
-starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
+fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded,
+constant-lifted aten graph (node for node, as plain data: `graph_wire`; no tensors) and the
+shapes, strides and dtypes of its inputs to a process of its own, which compiles it
+(``standalone_compile``, specialized on those shapes, over zero-filled stand-ins: the values
+never reach the code) and returns the artifact's bytes; the caller loads them
+(`backend_compile._load_artifact`, milliseconds) and checks the result bitwise as it checks
+an in-process compile. The process (`_serve` run by ``python -c``, length-prefixed pickles
+over its stdin and stdout: a private pipe) is started on first use (it imports torch and
+inductor once), reused, and runs at a lower priority; it uses the same inductor cache folder.
+When it dies the call raises `CompileWorkerDied` (the caller's size stays eager, counted) and
+the next call starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import logging
 import os
@@ -33,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from .graph_wire import graph_from_wire, graph_to_wire
+
 __all__ = ["CompileWorker", "CompileWorkerDied"]
 
 logger = logging.getLogger(__name__)
@@ -46,18 +47,8 @@ def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
 
 
-def _plain(gm: fx.GraphModule) -> fx.GraphModule:
-    """``gm`` with plain positional code: a make_fx graph flattens its arguments through pytree
-    specs that pickling drops (measured: the unpickled graph compiled to code that fails with
-    IndexError when called), so what crosses the pipe is the same graph with the default codegen."""
-    plain = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    plain.graph.set_codegen(fx.graph.CodeGen())
-    plain.recompile()
-    return plain
-
-
-def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], threads: int
-                      ) -> tuple[bytes, float]:
+def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int, ...], tuple[int, ...], str]],
+                      threads: int) -> tuple[bytes, float]:
     """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
     threads (inductor's CPU code depends on it, and so does its cache key: the same count
     makes the same code and shares the parent's cache entries)."""
@@ -65,7 +56,7 @@ def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int
 
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    gm = pickle.loads(graph)  # noqa: S301  # our own parent's pickle, over a private pipe
+    gm = graph_from_wire(graph)
     inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
               for shape, stride, dtype in metas]
     start = time.perf_counter()
@@ -75,6 +66,10 @@ def _compile_in_child(graph: bytes, metas: list[tuple[tuple[int, ...], tuple[int
 
 
 _LEN = struct.Struct("<Q")
+# the compile process's nice level. It is spawned from the capture thread, which already runs at
+# nice 10 (`runtime.capture_queue`), and a child inherits that: a further os.nice(10) made it 19,
+# and on a loaded machine it then got 2 s of CPU in 47 s (no unit finished in 240 s of serving)
+_NICE = 10
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -94,12 +89,23 @@ def _receive(stream: Any) -> Any:
     return pickle.loads(data)  # noqa: S301  # our own process's pickle, over a private pipe
 
 
+class _DropNoCudaNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged when inductor loads
+    its C++ tools on a machine without CUDA): the serving process logged it already, or its
+    command dropped it; a copy from each compile process says nothing new."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
 def _serve() -> None:
     """The compile process's loop: one request in (stdin), one answer out (stdout), until EOF."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever inductor prints must not corrupt the answers
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(10)  # serving comes first
+    if not torch.cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").addFilter(_DropNoCudaNotice())
+    with contextlib.suppress(OSError, AttributeError):  # serving comes first: nice 10, not more
+        os.nice(max(0, _NICE - os.getpriority(os.PRIO_PROCESS, 0)))
     for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # imported as in a parent that compiles
         importlib.import_module(name)
     while True:
@@ -121,7 +127,7 @@ class CompileWorker:
         self._cache_dir = cache_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
-        self._closing = False  # close() ends the process: a compile cut off then is no death
+        self._closing = False  # close() ends the process for good: a compile cut off then is no death
         self.compiles = 0
         self.deaths = 0
         self.compile_s = 0.0
@@ -137,10 +143,11 @@ class CompileWorker:
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
         """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
         `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
-        request = (pickle.dumps(_plain(gm)), [_meta(t) for t in inputs], torch.get_num_threads())
+        request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads())
         with self._lock:
+            if self._closing:  # closed for good: a unit recorded after close() must not start a new one
+                raise CompileWorkerDied("the compile process was closed")
             if self._proc is None or self._proc.poll() is not None:
-                self._closing = False
                 self._proc = self._start()
             proc = self._proc
             try:
@@ -168,8 +175,10 @@ class CompileWorker:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def close(self) -> None:
-        """End the compile process (a later compile starts a new one); waits for a compile in
-        progress only as long as the caller's lock does (it kills the process)."""
+        """End the compile process for good: a compile in progress raises `CompileWorkerDied`
+        at once (the process is killed) and so does every later one (before, a unit still
+        recording when the capture stopped started a new process and compiled on after the
+        engine's close)."""
         self._closing = True
         proc = self._proc
         if proc is not None and proc.poll() is None:

@@ -59,6 +59,10 @@ class CompiledStore(Protocol):
         """``key``'s payload was unusable: log it by name and remove it."""
         ...
 
+    def note_unit_seconds(self, seconds: float) -> None:
+        """One unit was recorded and compiled in ``seconds`` (a cold start's estimate reads it)."""
+        ...
+
     def written_here(self, key: str) -> bool:
         """True when this process wrote ``key`` (a later load of it is a shared compile)."""
         ...

@@ -194,6 +194,13 @@ class GraphCaptureManager:
         return self._backend_name
 
     @property
+    def compiles_elsewhere(self) -> bool:
+        """True when this manager's compiles run in a compile process (`StoredCode.compiler`), off
+        this process's interpreter lock: only recording and the check run here."""
+        stored = self._stored
+        return self._backend_name == "compile" and stored is not None and stored.compiler is not None
+
+    @property
     def captured_sizes(self) -> tuple[int, ...]:
         """Sizes with a live graph, ascending (empty before capture and for eager)."""
         return tuple(sorted(self._graphs))

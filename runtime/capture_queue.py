@@ -49,12 +49,14 @@ class _Entry:
     """One queued manager: its state, the order it was queued in, and its phase (None: the
     state's draft step; else the name of one of the host's phases, see `runtime.phases`)."""
 
-    __slots__ = ("manager", "order", "phase", "state")
+    __slots__ = ("manager", "order", "paced", "phase", "state")
 
-    def __init__(self, state: RuntimeState, manager: Any, order: int, phase: str | None = None) -> None:
+    def __init__(self, state: RuntimeState, manager: Any, order: int, paced: bool = True,
+                 phase: str | None = None) -> None:
         self.state = state
         self.manager = manager
         self.order = order
+        self.paced = paced
         self.phase = phase
 
 
@@ -94,13 +96,19 @@ class CaptureQueue:
         self.units_failed = 0  # raised, or cancelled by stop (see the module docstring)
         self.units_cancelled = 0  # pending when stop was called: never run
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
+        self.unit_s = 0.0  # seconds the units that ran took (over units_run: a unit's mean)
+        self.unfinished_s = 0.0  # the longest a unit ran that failed or was cut off (a lower bound)
+        self._unit_started: float | None = None  # when the latest unit in progress started
 
     # ---- queueing ----------------------------------------------------------------------------
-    def add(self, state: RuntimeState, manager: Any, background_thread: bool, phase: str | None = None) -> None:
+    def add(self, state: RuntimeState, manager: Any, background_thread: bool, paced: bool = True,
+            phase: str | None = None) -> None:
         """Queue every pending size of ``manager`` (``state``'s draft graphs, or its ``phase``);
-        with ``background_thread`` start (or keep) the thread that runs them."""
+        with ``background_thread`` start (or keep) the thread that runs them. ``paced=False``: its
+        units compile in another process (only recording runs here), so they start at once,
+        busy or not (the pacing of the class docstring is for units that compile here)."""
         with self._lock:
-            self._entries.append(_Entry(state, manager, self._order, phase))
+            self._entries.append(_Entry(state, manager, self._order, paced, phase))
             self._order += 1
             self.idle_since = None
             self._last_step = time.perf_counter()  # serving usually starts right after queueing
@@ -122,6 +130,11 @@ class CaptureQueue:
         with self._lock:
             self._prune()
             return sum(len(e.manager.pending_sizes) for e in self._entries)
+
+    def running_s(self) -> float | None:
+        """Seconds the latest unit in progress has run (None when none runs)."""
+        started = self._unit_started
+        return None if started is None else time.perf_counter() - started
 
     # ---- running -----------------------------------------------------------------------------
     def _prune(self) -> None:
@@ -165,9 +178,13 @@ class CaptureQueue:
                 return False
             entry, size = picked
             self._running += 1
+            started = self._unit_started = time.perf_counter()
         state = entry.state
+        ran = False
         try:
             seconds = entry.manager.capture_size(size)
+            ran = True
+            self.unit_s += seconds
             if entry.phase is not None:
                 phases = state.phases
                 if phases is not None and phases.managers.get(entry.phase) is entry.manager:
@@ -195,14 +212,31 @@ class CaptureQueue:
                 raise
         finally:
             with self._lock:
+                if not ran:
+                    self.unfinished_s = max(self.unfinished_s, time.perf_counter() - started)
+                if self._unit_started == started:
+                    self._unit_started = None
                 self._running -= 1
                 self._taken.discard((id(entry.manager), size))
                 self._prune()
         return True
 
+    def paced(self) -> bool:
+        """True when the next unit waits for its turn (see the class docstring): it compiles in
+        this process. False when it compiles elsewhere, or none is pending."""
+        with self._lock:
+            self._prune()
+            active = self._active()
+            for entry in sorted(self._entries, key=lambda e: (e.state is not active, e.order)):
+                if any((id(entry.manager), s) not in self._taken for s in entry.manager.pending_sizes):
+                    return entry.paced
+            return False
+
     def _wait_for_a_turn(self) -> None:
         """Background thread: wait until serving is idle or ``max_wait_s`` passed since the last
-        unit (or the queue is stopped)."""
+        unit (or the queue is stopped); no wait when the next unit compiles elsewhere."""
+        if not self.paced():
+            return
         while not self._stopped:
             now = time.perf_counter()
             if now - self._last_step >= self.idle_s or now - self._last_unit >= self.max_wait_s:

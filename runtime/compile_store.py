@@ -10,15 +10,17 @@ file (a symlink, a FIFO), is owned by another user or writable by group or other
 digest or format does not match. Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file
 renamed into place. The store is bounded: after each write, the least recently used entries
 (by modification time, refreshed at each load) are removed until the total is under the cap
-(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512). An unwritable folder falls back to a per-user
-temporary folder with one warning, as the model cache does; ``DRAFTGRAPH_COMPILED_DIR`` names
-another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
+(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512). One entry of its own holds the seconds the
+latest compiled units took (`CompileStore.unit_seconds`: a cold start's estimate). An
+unwritable folder falls back to a per-user temporary folder with one warning, as the model
+cache does; ``DRAFTGRAPH_COMPILED_DIR`` names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -58,6 +60,7 @@ class CompileStore:
         self.refused = 0
         self.written = 0
         self.evicted = 0
+        self._unit_figure: tuple[int, float] | None = None  # (units, seconds) noted (see unit_seconds)
 
     def path(self, key: str) -> Path:
         """The file of ``key`` (ValueError for a key that is not 64 hex digits)."""
@@ -68,11 +71,39 @@ class CompileStore:
     def get(self, key: str) -> bytes | None:
         """The payload of ``key`` with its digest checked, or None (missing, or refused: see the
         module docstring)."""
+        return self._get(key, count=True)
+
+    def unit_seconds(self) -> float | None:
+        """The mean seconds a compiled unit took here (recording and compiling one state's step
+        at one size), over the latest units any process noted in this store (None before any):
+        what a cold start's estimate of its compile time uses."""
+        with self._lock:
+            if self._unit_figure is None:
+                raw = self._get(_UNIT_SECONDS_KEY, count=False)
+                self._unit_figure = _parse_units(raw)
+            units, seconds = self._unit_figure
+        return seconds / units if units else None
+
+    def note_unit_seconds(self, seconds: float) -> None:
+        """Add one compiled unit's seconds to `unit_seconds` (kept in the store, over the latest
+        `_UNIT_WINDOW` units)."""
+        if not seconds > 0:
+            return
+        with self._lock:
+            units, total = self._unit_figure or _parse_units(self._get(_UNIT_SECONDS_KEY, count=False))
+            if units >= _UNIT_WINDOW:  # a moving mean: the latest units count the most
+                total, units = total * (_UNIT_WINDOW - 1) / units, _UNIT_WINDOW - 1
+            self._unit_figure = (units + 1, total + seconds)
+            payload = json.dumps({"units": units + 1, "seconds": total + seconds}).encode()
+        with contextlib.suppress(OSError):
+            self.put(_UNIT_SECONDS_KEY, payload, count=False)
+
+    def _get(self, key: str, count: bool) -> bytes | None:
         path = self.path(key)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            self.misses += 1
+            self.misses += count
             return None
         why = _unsafe(st)
         if why is not None:
@@ -81,7 +112,7 @@ class CompileStore:
         try:
             raw = read_regular(path, self.max_bytes + _HEADER, "compiled entry")
         except FileNotFoundError:
-            self.misses += 1
+            self.misses += count
             return None
         except (UnsafeFolderError, ValueError) as exc:
             self.refuse(key, str(exc))
@@ -95,12 +126,13 @@ class CompileStore:
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: the last to be evicted
-        self.hits += 1
+        self.hits += count
         return payload
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, key: str, payload: bytes, count: bool = True) -> None:
         """Write ``payload`` under ``key`` (temporary file, then rename), then evict down to the cap.
-        An entry over the cap by itself is not written."""
+        An entry over the cap by itself is not written. ``count=False``: not in ``written``
+        (the store's own figures)."""
         path = self.path(key)
         if len(payload) + _HEADER > self.max_bytes:
             logger.info("compiled entry %s not stored: %d bytes, over the store's cap of %d", path.name,
@@ -116,9 +148,10 @@ class CompileStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        with self._lock:
-            self._written.add(key)
-            self.written += 1
+        if count:
+            with self._lock:
+                self._written.add(key)
+                self.written += 1
         self._evict(keep=path)
 
     def refuse(self, key: str, why: str) -> None:
@@ -166,6 +199,23 @@ class CompileStore:
         """Counts and where the store lives (JSON-ready)."""
         return {"folder": str(self.folder), "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
                 "refused": self.refused, "written": self.written, "evicted": self.evicted}
+
+
+# the store's own entry: the seconds of the latest compiled units (JSON), digest-checked like code
+_UNIT_SECONDS_KEY = hashlib.sha256(b"draftgraph compiled-unit seconds v1").hexdigest()
+_UNIT_WINDOW = 64
+
+
+def _parse_units(raw: bytes | None) -> tuple[int, float]:
+    """(units, seconds) of the unit-seconds entry; (0, 0.0) when absent or not of this form."""
+    if raw is None:
+        return 0, 0.0
+    try:
+        doc = json.loads(raw)
+        units, seconds = int(doc["units"]), float(doc["seconds"])
+    except (ValueError, TypeError, KeyError):
+        return 0, 0.0
+    return (units, seconds) if units > 0 and seconds > 0 else (0, 0.0)
 
 
 def _unsafe(st: os.stat_result) -> str | None:

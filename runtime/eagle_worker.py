@@ -116,12 +116,11 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
         """The compiled-code store for the compile backend (`runtime.stored_steps`), else None;
-        ``background`` captures compile in the worker's compile process when
-        ``DRAFTGRAPH_COMPILE_PROCESS=1`` (opt-in: the default EAGLE head's graph does not survive
-        the trip yet, see docs/graphs.md)."""
+        ``background`` captures compile in the worker's compile process (off this process's
+        interpreter lock) unless ``DRAFTGRAPH_COMPILE_PROCESS=0``."""
         if resolve_backend(backend, self.device) != "compile":
             return None
-        use_process = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "0").strip() == "1"
+        use_process = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
         return stored_code(self, state, self.draft_model, self.compile_process if use_process else None)
 
     def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> Any:

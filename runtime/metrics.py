@@ -78,6 +78,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_acceptance_low": ("gauge", "1 while the acceptance watch finds the drafter no longer helping."),
     "draftgraph_graphs_ready_seconds": (
         "gauge", "Seconds from engine construction until no capture unit was pending (absent until then)."),
+    "draftgraph_graph_units": (
+        "gauge", "Live graph units (one state's step at one size) by where their code came from: compiled, "
+        "recorded (no compile), loaded (compiled-code store), shared (an identical graph's code)."),
+    "draftgraph_compile_process_seconds": (
+        "counter", "Seconds spent compiling in the compile subprocess."),
+    "draftgraph_compile_process_compiles": ("counter", "Graphs the compile subprocess compiled."),
+    "draftgraph_compile_process_deaths": (
+        "counter", "Times the compile subprocess died mid-compile (its size served eager)."),
     # several ranks
     "draftgraph_coordinator_polls": ("counter", "Coordinator polls on this rank."),
     "draftgraph_coordinator_poll_seconds": ("counter", "Wall seconds this rank spent polling."),
@@ -87,7 +95,7 @@ METRICS: dict[str, tuple[str, str]] = {
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RESERVED = {"num_steps", "num_draft_tokens", "topology", "size", "reason", "result", "position", "stage",
-             "rank", "active"}
+             "rank", "active", "source"}
 
 
 class Samples:

@@ -24,7 +24,7 @@ from draftgraph.graphs.compiled_entry import StoredCode
 from .compile_store import default_compile_store
 from .state import RuntimeState
 
-__all__ = ["code_digest", "phase_stored_code", "source_counts", "stored_code"]
+__all__ = ["code_digest", "compiled_unit_seconds", "phase_stored_code", "source_counts", "stored_code"]
 
 
 @lru_cache(maxsize=1)
@@ -93,15 +93,16 @@ def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = No
     return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
 
 
-def phase_stored_code(name: str, structure: str, constants: Any) -> StoredCode | None:
+def phase_stored_code(name: str, structure: str, constants: Any, compiler: Any = None) -> StoredCode | None:
     """`StoredCode` for a host's phase ``name`` (see `runtime.phases`): its ``structure`` (the
     host's description of what the code depends on) with the phase name and draftgraph's source
-    digest, and its constant table ``constants()`` (None when the store is off)."""
+    digest, and its constant table ``constants()`` (None when the store is off); ``compiler``: a
+    `CompileWorker` to compile in."""
     store = default_compile_store()
     if store is None:
         return None
     key = json.dumps({"phase": name, "structure": structure, "code": code_digest()}, sort_keys=True)
-    return StoredCode(store, key, constants)
+    return StoredCode(store, key, constants, compiler)
 
 
 def _managers(state: RuntimeState) -> list[Any]:
@@ -110,6 +111,13 @@ def _managers(state: RuntimeState) -> list[Any]:
     if state.phases is not None:
         out.extend(state.phases.managers.values())
     return out
+
+
+def compiled_unit_seconds() -> float | None:
+    """The mean seconds a unit took to record and compile, as noted in the store by this and
+    earlier processes (None when the store is off or holds no figure)."""
+    store = default_compile_store()
+    return None if store is None else store.unit_seconds()
 
 
 def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:

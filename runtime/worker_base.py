@@ -9,6 +9,7 @@ buffers that state owns.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -287,18 +288,22 @@ class EagleDraftWorkerBase(ReloadMixin):
             raise TypeError(f"provider={provider!r}: must be callable (spec, max_size) -> {{name: GraphStep}}")
         self.phase_provider = provider
 
-    def _new_phases(self, state: RuntimeState, backend: str) -> PhaseGraphs | None:
+    def _new_phases(self, state: RuntimeState, backend: str, background: bool = False) -> PhaseGraphs | None:
         """Uncaptured managers of the host's phases for ``state`` (None without a provider or
-        capture sizes). Each counts its own replays; eager steps are counted by the host."""
+        capture sizes). Each counts its own replays; eager steps are counted by the host.
+        ``background``: captured beside serving, compiled in the compile process (as the draft
+        step's units, unless ``DRAFTGRAPH_COMPILE_PROCESS=0``)."""
         provider = self.phase_provider
         if provider is None or not state.capture_sizes:
             return None
         phases = PhaseGraphs()
         compiled = resolve_backend(backend, self.device) == "compile"
+        elsewhere = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
         for name, graph_step in provider(state.spec, max(state.capture_sizes)).items():
             stored = None
             if compiled and graph_step.constants is not None:
-                stored = phase_stored_code(name, graph_step.structure, graph_step.constants)
+                stored = phase_stored_code(name, graph_step.structure, graph_step.constants,
+                                           self.compile_process if elsewhere else None)
             phases.add(name, GraphCaptureManager(graph_step.step, graph_step.static_inputs,
                                                  list(state.capture_sizes), backend=backend,
                                                  pad_values=graph_step.pad_values, stored=stored,
@@ -368,8 +373,9 @@ class EagleDraftWorkerBase(ReloadMixin):
             if old is not None:
                 old.release()
             if manager.pending_sizes:
-                self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda")
-        phases = self._new_phases(state, backend)
+                self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda",
+                                       paced=not manager.compiles_elsewhere)
+        phases = self._new_phases(state, backend, background=True)
         if phases is not None:
             for manager in phases.managers.values():
                 manager.begin()
@@ -378,7 +384,7 @@ class EagleDraftWorkerBase(ReloadMixin):
             for name, manager in phases.managers.items():
                 if manager.pending_sizes:
                     self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda",
-                                           phase=name)
+                                           paced=not manager.compiles_elsewhere, phase=name)
         return state
 
     def capture_graphs(self, backend: str = "auto", background: bool = False) -> RuntimeState:

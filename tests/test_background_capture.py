@@ -216,6 +216,29 @@ def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, mak
     assert w.state.graphs.captured_sizes == sizes and w.capture_queue.pending() == 0
 
 
+def test_units_that_compile_elsewhere_are_not_paced(monkeypatch, make_worker):
+    """A unit whose compile runs in the compile process holds this process only to record: a
+    busy server gets every unit back to back (the clock never lets a paced one start)."""
+    from draftgraph.graphs.manager import GraphCaptureManager
+    from draftgraph.runtime import capture_queue
+
+    clock = _Clock()
+    monkeypatch.setattr(capture_queue, "time", clock)
+    monkeypatch.setattr(GraphCaptureManager, "compiles_elsewhere", property(lambda self: True))
+    sizes = (1, 2, 4, 8)
+    w = make_worker(SPEC, bs=sizes, backend=None)
+    w.capture_queue.max_wait_s = 1e9  # a paced unit would never start while busy
+    w.capture_graphs("trace", background=True)
+    assert w.capture_queue.paced() is False
+    inp = make_draft_input(1, 2)
+    for _ in range(MAX_SERVE_ROUNDS):  # busy: a step every 20 ms of the queue's clock
+        clock.now += 0.02
+        w.draft_forward(inp)
+        if not w.capture_queue.pending():
+            break
+    assert w.state.graphs.captured_sizes == sizes and w.capture_queue.units_run == len(sizes)
+
+
 # ---- issue 32: units that raise anything, hang, or are cancelled ------------------------------
 def _inject(manager, fault_at: dict):
     """Make ``manager``'s capture of the listed sizes call ``fault_at[size]()`` instead."""
@@ -283,6 +306,55 @@ def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancel
     finally:
         release.set()
     assert w.stop_capture(30) is True
+
+
+def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
+    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
+    q = w.capture_queue
+    assert graphs_eta(q, 0) is None
+    release, entered = threading.Event(), threading.Event()
+
+    def hang():
+        entered.set()
+        release.wait(60)
+
+    w.capture_graphs("trace", background=True)
+    _inject(w.state.graphs, {4: hang})  # before any batch: the smallest first, so 1 and 2 ran
+    try:
+        assert entered.wait(30)
+        eta = graphs_eta(q, len(w.state.graphs.pending_sizes))
+        assert (eta["pending"], eta["basis"], eta["units_measured"]) == (2, "measured", 2)
+        assert eta["per_unit_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_unit_s"])
+        assert eta["paced_s"] == q.max_wait_s
+        report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
+                  "states": [{"sizes_ready": [1, 2], "sizes_pending": [4, 8], "sizes_failed": []}]}
+        text = _ready_text(report)
+        assert text.startswith("not yet: 2 of 4 capture units pending (background); compiling them takes about ")
+        assert "the mean of 2 here" in text and "served eager meanwhile" in text
+        assert graphs_eta(q, 2, earlier_s=30.0)["basis"] == "measured"  # this run's units come first
+    finally:
+        release.set()
+    assert w.stop_capture(30)
+
+
+def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
+    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    w = make_worker(SPEC, bs=(1, 2), backend=None)
+    q = w.capture_queue
+    eta = graphs_eta(q, 2, earlier_s=7.5)
+    assert eta == {"pending": 2, "per_unit_s": 7.5, "seconds": 15.0, "basis": "earlier runs",
+                   "units_measured": 0, "paced_s": None}  # nothing queued: nothing paced
+    assert graphs_eta(q, 2)["basis"] == "unknown"
+    report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
+              "states": [{"sizes_ready": [], "sizes_pending": [1, 2], "sizes_failed": []}]}
+    text = _ready_text(report)
+    assert text.startswith("not yet: 2 of 2 capture units pending (background); compiling them takes about 15 s ")
+    assert "measured by earlier runs" in text and "served eager meanwhile" in text
 
 
 def test_engine_close_reports_a_capture_still_running():

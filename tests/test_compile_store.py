@@ -180,3 +180,29 @@ def test_an_empty_constant_needs_no_name():
     assert where is not None and where["name"] is None
     view = table.view(where)
     assert view.shape == (8, 0) and view.dtype == torch.long
+
+
+def test_unit_seconds_persist_for_the_next_process_and_count_nothing(tmp_path):
+    store = CompileStore(tmp_path / "s")
+    assert store.unit_seconds() is None
+    for seconds in (2.0, 4.0, 0.0, -1.0):  # not a duration: ignored
+        store.note_unit_seconds(seconds)
+    assert store.unit_seconds() == pytest.approx(3.0)
+    assert (store.hits, store.misses, store.written) == (0, 0, 0)  # the store's own figure
+    later = CompileStore(tmp_path / "s")  # as a new process opens it
+    assert later.unit_seconds() == pytest.approx(3.0)
+    for _ in range(1000):  # a moving mean: the latest units count the most
+        later.note_unit_seconds(10.0)
+    assert CompileStore(tmp_path / "s").unit_seconds() == pytest.approx(10.0, rel=1e-3)
+
+
+def test_a_damaged_unit_seconds_entry_is_refused_and_reads_as_none(tmp_path, caplog):
+    from draftgraph.runtime.compile_store import _UNIT_SECONDS_KEY
+
+    store = CompileStore(tmp_path / "s")
+    store.note_unit_seconds(5.0)
+    path = store.path(_UNIT_SECONDS_KEY)
+    path.write_bytes(path.read_bytes()[:-1] + b"x")
+    with caplog.at_level(logging.WARNING):
+        assert CompileStore(tmp_path / "s").unit_seconds() is None
+    assert "digest mismatch" in caplog.text and not path.exists()

@@ -60,6 +60,13 @@ def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
     return [t.clone() for t in w.draft_forward(make_draft_input(b, 2, seed=seed))]
 
 
+def _code_entries(folder: Path) -> list[Path]:
+    """The store's entries of compiled code (not its own unit-seconds entry), sorted."""
+    from draftgraph.runtime.compile_store import _UNIT_SECONDS_KEY
+
+    return sorted(p for p in folder.glob("*.dgc") if p.stem != _UNIT_SECONDS_KEY)
+
+
 def _no_recording(*_a, **_k):
     raise AssertionError("recorded a step that the store holds")
 
@@ -76,7 +83,8 @@ def stored_folder(tmp_path_factory) -> Path:
         assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
     finally:
         mp.undo()
-    assert len(list(folder.glob("*.dgc"))) == len(SIZES)
+    assert len(_code_entries(folder)) == len(SIZES)
+    assert CompileStore(folder).unit_seconds() > 0  # each compiled unit noted its seconds
     return folder
 
 
@@ -114,11 +122,11 @@ def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
 def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, monkeypatch, caplog):
     folder = tmp_path / "store"
     folder.mkdir(mode=0o700)
-    for path in stored_folder.glob("*.dgc"):
+    for path in _code_entries(stored_folder):
         (folder / path.name).write_bytes(path.read_bytes())
         os.chmod(folder / path.name, 0o600)
     store = _use_store(monkeypatch, folder)
-    victim = sorted(folder.glob("*.dgc"))[0]
+    victim = _code_entries(folder)[0]
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     victim.write_bytes(bytes(raw))
@@ -126,7 +134,7 @@ def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, m
         w = _worker("compile", TinyDraftModel(seed=0))
     assert sorted(_sources(w).values()) == ["loaded", "recorded"]
     assert store.refused == 1 and str(victim) in caplog.text
-    assert victim.exists() and len(list(folder.glob("*.dgc"))) == len(SIZES)  # rebuilt and stored again
+    assert victim.exists() and len(_code_entries(folder)) == len(SIZES)  # rebuilt and stored again
     assert CompileStore(folder).get(victim.name.removesuffix(".dgc")) is not None
 
 
@@ -200,6 +208,49 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
     assert w.counters.eager_steps_by_reason.get("capture_failed") == 1
     w.stop_capture()
+
+
+def test_a_closed_compile_process_starts_no_new_one():
+    """A unit that finishes recording after the capture stopped must not compile on."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+
+    worker = CompileWorker()
+    worker.close()
+    gm = make_fx(lambda x: x + 1)(torch.ones(2))
+    with pytest.raises(CompileWorkerDied, match="closed"):
+        worker.compile(gm, (torch.ones(2),))
+    assert worker.pid() is None and (worker.compiles, worker.deaths) == (0, 0)
+
+
+@pytest.mark.slow
+def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_only_op():
+    """The default EAGLE head's step has ops of constants only (arange); the graph travels node
+    for node (`graph_wire`), so the child's artifact takes the same arguments as the graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from draftgraph.graphs.backend_compile import _load_artifact, inductor_cache_dir
+    from draftgraph.graphs.compile_worker import CompileWorker
+
+    def step(x, cache):
+        cache.add_(1)
+        pos = torch.arange(x.shape[-1], dtype=x.dtype).unsqueeze(0)
+        return x * 2 + pos, cache
+
+    x, cache = torch.randn(3, 8), torch.zeros(5)
+    gm = make_fx(step)(x, cache)
+    worker = CompileWorker(str(inductor_cache_dir()))
+    try:
+        raw = worker.compile(gm, (x, cache))
+    finally:
+        worker.close()
+    assert worker.compiles == 1 and worker.compile_s > 0
+    compiled = _load_artifact(raw)
+    c1, c2 = cache.clone(), cache.clone()
+    with torch.no_grad():
+        want, got = gm(x, c1), compiled(x, c2)
+    assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(c1, c2)
 
 
 def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):

@@ -135,6 +135,40 @@ def test_scrape_equals_the_simulate_report(simulated):
     assert value(m, "draftgraph_graphs_ready_seconds") == pytest.approx(report["graphs_ready_s"])
 
 
+def test_graph_units_by_source_partition_the_live_units(simulated):
+    registry, report = simulated
+    m = scrape(registry)
+    by = {s.labels["source"]: s.value for s in m["draftgraph_graph_units"]}
+    live = sum(len(s["sizes_ready"]) for s in report["states"])
+    assert live > 0 and sum(by.values()) == live
+    # the trace backend records and never compiles; the store is off in tests
+    assert by == {"compiled": 0, "recorded": live, "loaded": 0, "shared": 0}
+    assert value(m, "draftgraph_compile_process_seconds") == 0  # no compile process ran
+    assert value(m, "draftgraph_compile_process_compiles") == 0
+
+
+def test_startup_figures_become_series():
+    from draftgraph.runtime.engine.metrics import read_startup
+    from draftgraph.runtime.metrics import Samples
+
+    out = Samples()
+    startup = {"units_recorded": 5, "units_compiled": 3, "units_loaded": 7, "units_shared": 1,
+               "compile_process": {"compiles": 3, "deaths": 1, "compile_s": 12.5}}
+    read_startup(startup, out, {"job": "a"})
+    got = {(s.name, s.labels.get("source")): s.value for fam in out.families() for s in fam.samples}
+    assert got == {("draftgraph_graph_units", "compiled"): 3, ("draftgraph_graph_units", "recorded"): 2,
+                   ("draftgraph_graph_units", "loaded"): 7, ("draftgraph_graph_units", "shared"): 1,
+                   ("draftgraph_compile_process_seconds_total", None): 12.5,
+                   ("draftgraph_compile_process_compiles_total", None): 3,
+                   ("draftgraph_compile_process_deaths_total", None): 1}
+    assert all(s.labels["job"] == "a" for fam in out.families() for s in fam.samples)
+    out = Samples()
+    read_startup({**startup, "compile_process": None}, out, {})
+    got = {s.name: s.value for fam in out.families() for s in fam.samples if "process" in s.name}
+    assert got == {"draftgraph_compile_process_seconds_total": 0, "draftgraph_compile_process_compiles_total": 0,
+                   "draftgraph_compile_process_deaths_total": 0}
+
+
 # ---- reloads, released states, threads ------------------------------------------------------------
 COUNTERS = ("draftgraph_graph_replays", "draftgraph_eager_steps", "draftgraph_fast_path_hits",
             "draftgraph_tree_path_calls", "draftgraph_state_switches", "draftgraph_reloads")

@@ -315,7 +315,26 @@ def _ready_text(r: dict[str, Any]) -> str:
     if r["graphs_ready_s"] is not None:
         return f"{r['graphs_ready_s']:.2f} s after construction ({r['capture']})"
     pending = sum(len(s["sizes_pending"]) for s in r["states"])
-    return f"not yet: {pending} capture units pending ({r['capture']})"
+    total = pending + sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in r["states"])
+    text = f"not yet: {pending} of {total} capture units pending ({r['capture']}); "
+    eta = r.get("graphs_eta") or {}
+    if eta.get("basis") == "measured":
+        text += (f"compiling them takes about {eta['seconds']:.0f} s more ({eta['per_unit_s']:.1f} s a unit, "
+                 f"the mean of {eta['units_measured']} here")
+    elif eta.get("basis") == "earlier runs":
+        text += (f"compiling them takes about {eta['seconds']:.0f} s ({eta['per_unit_s']:.1f} s a unit, "
+                 f"measured by earlier runs; none finished here")
+    elif eta.get("basis") == "at least":
+        text += (f"compiling them takes at least {eta['seconds']:.0f} s more (no unit finished; the longest "
+                 f"ran {eta['per_unit_s']:.1f} s")
+    else:
+        text += "no unit ran yet, so no estimate of the time they take ("
+    if eta.get("paced_s"):
+        text += f"; while serving, one unit per {eta['paced_s']:.0f} s at most"
+    text += "); those steps were served eager meanwhile"
+    if r.get("compiled_store") is not None and r.get("backend") == "compile":
+        text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
+    return text
 
 
 def _before_after_text(r: dict[str, Any]) -> str:

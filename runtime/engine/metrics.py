@@ -56,9 +56,25 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
         add("draftgraph_acceptance_low", labels, 1 if st["acceptance_low"] else 0)
     if st["graphs_ready_s"] is not None:
         add("draftgraph_graphs_ready_seconds", labels, st["graphs_ready_s"])
+    read_startup(engine.startup(), out, labels)
     read_worker(engine.worker, out, labels)
     if engine.coordinator is not None:
         read_coordinator(engine.coordinator, out, labels)
+
+
+def read_startup(startup: Mapping[str, Any], out: Samples, labels: dict[str, str]) -> None:
+    """Where the live graphs came from and the compile subprocess's work, from
+    `SpecDecodeEngine.startup()`: ``units_compiled`` / ``units_recorded`` (recorded, of which
+    compiled), ``units_loaded``, ``units_shared`` and ``compile_process``."""
+    units = {"compiled": startup["units_compiled"],
+             "recorded": startup["units_recorded"] - startup["units_compiled"],
+             "loaded": startup["units_loaded"], "shared": startup["units_shared"]}
+    for source, n in units.items():
+        out.add("draftgraph_graph_units", {**labels, "source": source}, n)
+    process = startup.get("compile_process") or {}  # None until the compile process ran: zeros
+    out.add("draftgraph_compile_process_seconds", labels, process.get("compile_s", 0.0))
+    out.add("draftgraph_compile_process_compiles", labels, process.get("compiles", 0))
+    out.add("draftgraph_compile_process_deaths", labels, process.get("deaths", 0))
 
 
 def register_engine_metrics(engine: Any, registry: CollectorRegistry | None = None,

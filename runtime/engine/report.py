@@ -12,13 +12,13 @@ from typing import Any
 
 from draftgraph.runtime.counting import read_consistent
 from draftgraph.runtime.phases import phase_totals
-from draftgraph.runtime.stored_steps import source_counts
+from draftgraph.runtime.stored_steps import compiled_unit_seconds, source_counts
 
 from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary
 from .stats import EngineStats
 
-__all__ = ["EngineReport"]
+__all__ = ["EngineReport", "graphs_eta"]
 
 
 class EngineReport:
@@ -79,28 +79,67 @@ class EngineReport:
         out["acceptance_watch"] = self.acceptance.as_dict() if self.acceptance is not None else None
         return out
 
+    def _graphs_eta(self, states: list[Any], queue: Any, pending: int) -> dict[str, Any] | None:
+        if not pending:
+            return None
+        earlier = compiled_unit_seconds() if not queue.units_run and _compiles(states) else None
+        return graphs_eta(queue, pending, earlier)
+
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it: ``startup_s`` (construction to the first servable step),
         ``graphs_ready_s`` (construction until no capture unit is pending; None while some are),
         ``capture_s`` / ``compile_s`` (totals over every state: capture includes compile),
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
-        failed), ``eager_steps_by_reason``, the queued units run and failed so far, and where the
+        failed), ``eager_steps_by_reason``, the queued units run and failed so far, how long the
+        pending ones will take (``graphs_eta``: `graphs_eta`), and where the
         live graphs came from (`runtime.stored_steps.source_counts`: compiled, loaded from the
         compiled-code store, shared)."""
         states = self.boundary.states()
         queue = self.worker.capture_queue
+        described = [_describe_capture(s) for s in states]
         return {
             "capture": self.capture,
             "startup_s": self.startup_s,
             "graphs_ready_s": self.graphs_ready_s(),
             "capture_s": sum(s.capture_s for s in states),
             "compile_s": sum(s.compile_s for s in states),
-            "states": [_describe_capture(s) for s in states],
+            "states": described,
             "eager_steps_by_reason": dict(self.worker.counters.eager_steps_by_reason),
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
+            "graphs_eta": self._graphs_eta(states, queue, sum(len(s["sizes_pending"]) for s in described)),
             **source_counts(states, self.worker.compile_process_figures()),
         }
+
+
+def graphs_eta(queue: Any, pending: int, earlier_s: float | None = None) -> dict[str, Any] | None:
+    """How long the ``pending`` capture units will take (None when none is pending):
+    ``per_unit_s`` is the mean over the units that ran here (``basis`` "measured"); when none
+    ran yet, ``earlier_s`` (a unit's mean seconds in earlier runs, from the compiled-code store:
+    ``basis`` "earlier runs"), else the longest a unit has run without finishing (the one in
+    progress, or one cut off by a stop: ``basis`` "at least"), else None (``basis``
+    "unknown"). ``seconds`` is
+    ``pending * per_unit_s`` of capture work; a busy server runs a unit every ``paced_s`` at most
+    (None when the next unit is not paced: it compiles in the compile process, or
+    ``max_wait_s`` is 0)."""
+    if pending <= 0:
+        return None
+    if queue.units_run:
+        per_unit, basis = queue.unit_s / queue.units_run, "measured"
+    elif earlier_s:
+        per_unit, basis = earlier_s, "earlier runs"
+    else:
+        longest = max(queue.unfinished_s, queue.running_s() or 0.0)
+        per_unit, basis = (longest, "at least") if longest > 0 else (None, "unknown")
+    paced = queue.max_wait_s if queue.max_wait_s > 0 and queue.paced() else None
+    return {"pending": pending, "per_unit_s": per_unit, "seconds": None if per_unit is None else pending * per_unit,
+            "basis": basis, "units_measured": queue.units_run, "paced_s": paced}
+
+
+def _compiles(states: list[Any]) -> bool:
+    """True when some state's pending units compile (the store's unit seconds apply)."""
+    return any(s.graphs is not None and s.graphs.pending_sizes and s.graphs.backend_name == "compile"
+               for s in states)
 
 
 def _describe_capture(state: Any) -> dict[str, Any]:
