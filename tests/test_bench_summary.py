@@ -19,7 +19,8 @@ BENCHES = {"bench_engine": "engine", "bench_organize": "organize", "bench_graphs
            "bench_replay": "replay", "bench_reload": "reload", "bench_topology": "topology",
            "bench_ranks": "ranks", "bench_soak": "soak", "bench_compile": "compile", "bench_refit": "refit",
            "bench_profile": "profile",
-           "bench_metrics": "metrics", "bench_schedule": "schedule", "bench_ready": "ready"}
+           "bench_metrics": "metrics", "bench_schedule": "schedule", "bench_ready": "ready",
+           "bench_step_graphs": "step_graphs"}
 
 
 def _script(name: str):
