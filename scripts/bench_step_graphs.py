@@ -172,7 +172,7 @@ def _engine_figures(conc: int, case: str, times: dict[str, list[float]], st: dic
     same = GREEDY if be in ("eager", "trace") else GREEDY_COMPILED
     ratios = {"accept_length": st["accept_length_mean"], "vs_eager": _ratio(times, case, "engine eager"),
               "vs_target_only_same_backend": _ratio(times, case, same),
-              "graph_replay_share": st["graph_replays"] / max(st["verify_steps"], 1)}
+              "draft_graph_share": st["draft_replays"] / max(st["draft_replays"] + st["draft_eager"], 1)}
     decode[be] = sum(times[case]) - st["stage_s"].get("admit", 0.0)  # the rounds' time out of admission
     if "eager" in decode:
         ratios["decode_vs_eager"] = decode["eager"] / decode[be]
@@ -190,15 +190,19 @@ def _engine_figures(conc: int, case: str, times: dict[str, list[float]], st: dic
 
 
 def _measure(conc: int, tgt: Any, compiled: CompiledGreedy | None, engines: dict[str, SpecDecodeEngine],
-             graph_name: str | None, params: dict[str, Any], stages: dict) -> tuple[list[dict], list[dict]]:
-    """Rows and records of one request count (``stages`` gets each engine's stage figures)."""
+             graph_name: str | None, params: dict[str, Any], stages: dict, stats_out: dict
+             ) -> tuple[list[dict], list[dict]]:
+    """Rows and records of one request count (``stages`` gets each engine's stage figures,
+    ``stats_out`` its whole ``stats()`` after the timed rounds)."""
     max_new, rounds = params["max_new"], params["rounds"]
     prompts = [list(x) for x in held_out_prompts(conc, seed=40 + conc)]
     ref = greedy_generate(tgt, prompts, max_new)
     cases = _cases(tgt, compiled, engines, prompts, max_new)
     _time_cases(cases, ref, 1)  # warm-up: left out (compiles the greedy step's tiers)
-    for eng in engines.values():
+    before = {}
+    for name, eng in engines.items():
         eng.reset_stats()
+        before[name] = eng.stats()  # the worker's counters (replays, eager steps) are not reset
     times = _time_cases(cases, ref, rounds)
     tokens = conc * max_new
     decode: dict[str, float] = {}
@@ -214,7 +218,10 @@ def _measure(conc: int, tgt: Any, compiled: CompiledGreedy | None, engines: dict
             ratios["vs_greedy_eager"] = _ratio(times, case, GREEDY)
         if case.startswith("engine "):
             st = engines[be].stats()
+            st["draft_replays"] = st["graph_replays"] - before[be]["graph_replays"]
+            st["draft_eager"] = st["eager_steps"] - before[be]["eager_steps"]
             stages.setdefault(be, {})[f"requests={conc}"] = _stages(st)
+            stats_out.setdefault(be, {})[f"requests={conc}"] = st  # whatever the engine reports (phases...)
             cols, ratios, targets = _engine_figures(conc, case, times, st, graph_name, decode)
             row.update(cols)
         rows.append(row)
@@ -248,10 +255,11 @@ def _run(a: argparse.Namespace) -> dict:
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     stages: dict[str, dict[str, dict[str, float]]] = {}
+    engine_stats: dict[str, dict[str, Any]] = {}
     params = {"chain": "S=3", "max_new": max_new, "max_bs": MAX_BS, "device": a.device, "threads": a.threads,
               "rounds": rounds}
     for conc in concs:
-        r, rec = _measure(conc, tgt, compiled, engines, graph_name, params, stages)
+        r, rec = _measure(conc, tgt, compiled, engines, graph_name, params, stages, engine_stats)
         rows += r
         records += rec
     for name, s in syncs.items():
@@ -264,7 +272,8 @@ def _run(a: argparse.Namespace) -> dict:
                                               f"{name} <= {SYNC_LIMIT}", max(s["per_step"]), "<=", SYNC_LIMIT)]))
     extra = {"stages_ms_per_step": stages, "host_syncs": syncs, "graphs_ready": ready, "graph_backend": graph_name,
              "load_average": {"before": load_before, "after": os.getloadavg()},
-             "verdicts": {t["name"]: t["met"] for r in records for t in r["targets"]}, "records": records}
+             "verdicts": {t["name"]: t["met"] for r in records for t in r["targets"]}, "engine_stats": engine_stats,
+             "records": records}
     cols = ["requests", "case", "backend", "tokens_per_s", "vs_eager", "vs_target_only", "accept", "ms_step",
             "admit", "draft", "verify", "extend", "syncs"]
     return emit("bench_step_graphs", rows, cols, extra, a.json)
