@@ -46,14 +46,16 @@ logger = logging.getLogger(__name__)
 
 
 class _Entry:
-    """One queued state: its manager and the order it was queued in."""
+    """One queued manager: its state, the order it was queued in, and its phase (None: the
+    state's draft step; else the name of one of the host's phases, see `runtime.phases`)."""
 
-    __slots__ = ("manager", "order", "state")
+    __slots__ = ("manager", "order", "phase", "state")
 
-    def __init__(self, state: RuntimeState, manager: Any, order: int) -> None:
+    def __init__(self, state: RuntimeState, manager: Any, order: int, phase: str | None = None) -> None:
         self.state = state
         self.manager = manager
         self.order = order
+        self.phase = phase
 
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
@@ -94,11 +96,11 @@ class CaptureQueue:
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
 
     # ---- queueing ----------------------------------------------------------------------------
-    def add(self, state: RuntimeState, manager: Any, background_thread: bool) -> None:
-        """Queue every pending size of ``manager`` (``state``'s graphs); with
-        ``background_thread`` start (or keep) the thread that runs them."""
+    def add(self, state: RuntimeState, manager: Any, background_thread: bool, phase: str | None = None) -> None:
+        """Queue every pending size of ``manager`` (``state``'s draft graphs, or its ``phase``);
+        with ``background_thread`` start (or keep) the thread that runs them."""
         with self._lock:
-            self._entries.append(_Entry(state, manager, self._order))
+            self._entries.append(_Entry(state, manager, self._order, phase))
             self._order += 1
             self.idle_since = None
             self._last_step = time.perf_counter()  # serving usually starts right after queueing
@@ -166,12 +168,17 @@ class CaptureQueue:
         state = entry.state
         try:
             seconds = entry.manager.capture_size(size)
-            record = entry.manager.stats.sizes.get(size)
-            state.capture_s += seconds
-            if record is not None:  # the same figures a blocking capture records
-                state.compile_s += record.compile_s
-                state.capture_bytes += record.capture_bytes or 0
-            state.nodes[size] = entry.manager.node_count(size)
+            if entry.phase is not None:
+                phases = state.phases
+                if phases is not None and phases.managers.get(entry.phase) is entry.manager:
+                    phases.figures[entry.phase].add_size(entry.manager, size, seconds)
+            else:
+                record = entry.manager.stats.sizes.get(size)
+                state.capture_s += seconds
+                if record is not None:  # the same figures a blocking capture records
+                    state.compile_s += record.compile_s
+                    state.capture_bytes += record.capture_bytes or 0
+                state.nodes[size] = entry.manager.node_count(size)
             self.units_run += 1
         except (GraphCaptureError, ValueError) as exc:
             self.units_failed += 1

@@ -19,6 +19,7 @@ from typing import Any
 from draftgraph.graphs import ReplayCounters
 
 from .config import SpeculativeConfig
+from .phases import PhaseGraphs
 from .topology import TopologyBuffers
 
 __all__ = ["DraftCounters", "EAGER_REASONS", "RuntimeState", "StateStats", "StepCounts"]
@@ -135,6 +136,8 @@ class RuntimeState:
         self.owner = owner
         self.generation = 0
         self.storage_guard: Any = None  # the draft tensors its graphs read (`weights.StorageGuard`)
+        self.phases: PhaseGraphs | None = None  # the host's phases (verify, extend), see `phases`
+        self.phase_spec: SpeculativeConfig | None = None  # the spec the phases were captured for
 
     @property
     def topology_buffers(self) -> TopologyBuffers | None:
@@ -162,6 +165,14 @@ class RuntimeState:
         graphs = self.graphs
         if graphs is not None and (self.graph_spec is self.spec or self.graph_spec == self.spec):
             return graphs
+        return None
+
+    def replayable_phases(self) -> PhaseGraphs | None:
+        """The host's phases when they were captured for the current spec, else None (the same
+        rule as `replayable_graphs`: a verify graph of another (S, N) is never served)."""
+        phases = self.phases
+        if phases is not None and (self.phase_spec is self.spec or self.phase_spec == self.spec):
+            return phases
         return None
 
     @property
@@ -195,10 +206,14 @@ class RuntimeState:
         return match
 
     def release(self) -> None:
-        """Free the graphs (and their pool); the buffers go when nothing else holds them."""
+        """Free the graphs (the draft step's and the host's phases, with their pools); the buffers
+        go when nothing else holds them."""
         graphs, self.graphs, self.graph_spec = self.graphs, None, None
+        phases, self.phases, self.phase_spec = self.phases, None, None
         if graphs is not None:
             graphs.release()
+        if phases is not None:
+            phases.release()
 
     def describe(self) -> dict[str, Any]:
         """Summary for logs and JSON."""
@@ -209,6 +224,7 @@ class RuntimeState:
             "tree_choices": self.spec.tree_choices,
             "capture_sizes": list(self.capture_sizes),
             "has_graphs": self.has_graphs,
+            "phases": self.phases.describe() if self.phases is not None else {},
             "stats": self.stats.as_dict(),
         }
 

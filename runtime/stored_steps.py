@@ -24,7 +24,7 @@ from draftgraph.graphs.compiled_entry import StoredCode
 from .compile_store import default_compile_store
 from .state import RuntimeState
 
-__all__ = ["code_digest", "source_counts", "stored_code"]
+__all__ = ["code_digest", "phase_stored_code", "source_counts", "stored_code"]
 
 
 @lru_cache(maxsize=1)
@@ -93,6 +93,25 @@ def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = No
     return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
 
 
+def phase_stored_code(name: str, structure: str, constants: Any) -> StoredCode | None:
+    """`StoredCode` for a host's phase ``name`` (see `runtime.phases`): its ``structure`` (the
+    host's description of what the code depends on) with the phase name and draftgraph's source
+    digest, and its constant table ``constants()`` (None when the store is off)."""
+    store = default_compile_store()
+    if store is None:
+        return None
+    key = json.dumps({"phase": name, "structure": structure, "code": code_digest()}, sort_keys=True)
+    return StoredCode(store, key, constants)
+
+
+def _managers(state: RuntimeState) -> list[Any]:
+    """The draft step's manager and every phase's (those a state holds)."""
+    out = [state.graphs] if state.graphs is not None else []
+    if state.phases is not None:
+        out.extend(state.phases.managers.values())
+    return out
+
+
 def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the live graphs of ``states`` came from: ``units_recorded`` (recorded, compiled with
     the compile backend: ``units_compiled`` of them), ``units_loaded`` (compiled code from the
@@ -100,10 +119,7 @@ def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | 
     the store's own counts (None when it is off) and the compile process's (``compile_process``:
     compiles, deaths, ``compile_s`` spent compiling in it; None when none ran)."""
     out = {"units_recorded": 0, "units_compiled": 0, "units_loaded": 0, "units_shared": 0}
-    for state in states:
-        graphs = state.graphs
-        if graphs is None:
-            continue
+    for graphs in (m for state in states for m in _managers(state)):
         for size in graphs.stats.sizes.values():
             if size.source == "loaded":
                 out["units_loaded"] += 1

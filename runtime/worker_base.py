@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from draftgraph.graphs import GraphCaptureManager, capture_batch_sizes, span
+from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
 from draftgraph.graphs.backend_compile import inductor_cache_dir
 from draftgraph.graphs.compile_worker import CompileWorker
 
@@ -24,9 +24,11 @@ from .budget import check_state_budget, check_states_budget, largest_capture_siz
 from .capture_queue import CaptureQueue
 from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
+from .phases import PhaseGraphs, PhaseProvider
 from .reload import ReloadLog, ReloadMixin
 from .state import DraftCounters, RuntimeState
 from .state_slot import StateSlot
+from .stored_steps import phase_stored_code
 from .topology import TopologyBufferCache, TopologyBuffers
 from .validation import ConfigTypeError, require_positive_int
 
@@ -37,11 +39,16 @@ logger = logging.getLogger(__name__)
 
 class GraphStep(NamedTuple):
     """What a worker hands the graph manager for one state: the capturable ``step(**inputs)``,
-    its named static inputs (allocated at the largest capture size) and their pad values."""
+    its named static inputs (allocated at the largest capture size) and their pad values.
+    A host's phase may add what its compiled code is stored under: ``structure`` (everything
+    the code depends on besides shapes: models, configuration, widths) and ``constants()``
+    (every tensor the step reads besides its inputs, by stable name); see `runtime.stored_steps`."""
 
     step: Callable[..., Any]
     static_inputs: dict[str, torch.Tensor]
     pad_values: dict[str, float | int]
+    structure: str = ""
+    constants: Callable[[], Any] | None = None
 
 
 class EagleDraftWorkerBase(ReloadMixin):
@@ -65,6 +72,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
         self.capture_queue = CaptureQueue(lambda: self.slot.active)
         self._compile_process: CompileWorker | None = None
+        self.phase_provider: PhaseProvider | None = None  # the host's phases (see `set_phase_provider`)
 
     # ---- configuration views -------------------------------------------------------------
     @property
@@ -271,37 +279,105 @@ class EagleDraftWorkerBase(ReloadMixin):
                                    backend=backend, pad_values=graph_step.pad_values, counters=state.replays,
                                    stored=self._stored_code(state, backend, background))
 
-    def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
-        """Capture ``state``'s graphs; on failure ``state`` keeps what it had and the error propagates."""
-        if not state.capture_sizes or not self.captures_graphs:
-            return state
-        manager = self._new_manager(state, backend)
-        start = time.perf_counter()
-        manager.capture()
-        old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
+    def set_phase_provider(self, provider: PhaseProvider | None) -> None:
+        """The host's phases (target verify, draft extend; see `runtime.phases`): every state
+        captured from now on captures them beside its draft step, with the same backend and
+        sizes, and swaps and releases them with it. Set it before `capture_graphs`."""
+        if provider is not None and not callable(provider):
+            raise TypeError(f"provider={provider!r}: must be callable (spec, max_size) -> {{name: GraphStep}}")
+        self.phase_provider = provider
+
+    def _new_phases(self, state: RuntimeState, backend: str) -> PhaseGraphs | None:
+        """Uncaptured managers of the host's phases for ``state`` (None without a provider or
+        capture sizes). Each counts its own replays; eager steps are counted by the host."""
+        provider = self.phase_provider
+        if provider is None or not state.capture_sizes:
+            return None
+        phases = PhaseGraphs()
+        compiled = resolve_backend(backend, self.device) == "compile"
+        for name, graph_step in provider(state.spec, max(state.capture_sizes)).items():
+            stored = None
+            if compiled and graph_step.constants is not None:
+                stored = phase_stored_code(name, graph_step.structure, graph_step.constants)
+            phases.add(name, GraphCaptureManager(graph_step.step, graph_step.static_inputs,
+                                                 list(state.capture_sizes), backend=backend,
+                                                 pad_values=graph_step.pad_values, stored=stored))
+        return phases
+
+    @staticmethod
+    def _install_phases(state: RuntimeState, phases: PhaseGraphs | None) -> None:
+        """Swap ``phases`` into ``state`` (captured for its spec), releasing the old ones."""
+        if phases is None:
+            return
+        old, state.phases, state.phase_spec = state.phases, phases, state.spec
         if old is not None:
             old.release()
-        state.capture_s = time.perf_counter() - start
-        state.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
-        state.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
-        state.compile_s = sum(v.compile_s for v in manager.stats.sizes.values())
+
+    def _capture_phases(self, state: RuntimeState, backend: str) -> None:
+        """Capture the host's phases of ``state``, each on its own: a phase whose capture fails
+        serves eager ("capture_failed", logged) and the others, the draft step's included, serve
+        their graphs."""
+        phases = self._new_phases(state, backend)
+        if phases is None:
+            return
+        for name, manager in list(phases.managers.items()):
+            try:
+                manager.capture()
+            except GraphCaptureError as exc:
+                logger.warning("phase %r of %r: capture failed, it serves eager: %s", name, state, exc)
+                phases.failed[name] = str(exc)
+                del phases.managers[name]
+                continue
+            for size in manager.captured_sizes:
+                phases.figures[name].add_size(manager, size)
+        self._install_phases(state, phases)
+
+    def _capture_into(self, state: RuntimeState, backend: str) -> RuntimeState:
+        """Capture ``state``'s graphs (the draft step, then the host's phases); on a failure of
+        the draft step ``state`` keeps what it had and the error propagates."""
+        if not state.capture_sizes:
+            return state
+        if self.captures_graphs:
+            manager = self._new_manager(state, backend)
+            start = time.perf_counter()
+            manager.capture()
+            old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
+            if old is not None:
+                old.release()
+            state.capture_s = time.perf_counter() - start
+            state.nodes = {s: manager.node_count(s) for s in state.capture_sizes}
+            state.capture_bytes = sum(v.capture_bytes or 0 for v in manager.stats.sizes.values())
+            state.compile_s = sum(v.compile_s for v in manager.stats.sizes.values())
+        self._capture_phases(state, backend)
         return state
 
     def _queue_capture(self, state: RuntimeState, backend: str) -> RuntimeState:
         """Give ``state`` a manager whose sizes are captured later, one unit at a time (see
-        `runtime.capture_queue`); until a size is ready its steps run eager ("not_ready")."""
-        if not state.capture_sizes or not self.captures_graphs:
+        `runtime.capture_queue`), and the same for the host's phases (queued after the draft
+        step); until a size is ready its steps run eager ("not_ready")."""
+        if not state.capture_sizes:
             return state
-        manager = self._new_manager(state, backend, background=True)
-        manager.begin()
-        start = time.perf_counter()
-        if manager.load_stored():  # compiled code from the store: tens of ms a size, no recording
-            state.capture_s += time.perf_counter() - start
-        old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
-        if old is not None:
-            old.release()
-        if manager.pending_sizes:
-            self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda")
+        if self.captures_graphs:
+            manager = self._new_manager(state, backend, background=True)
+            manager.begin()
+            start = time.perf_counter()
+            if manager.load_stored():  # compiled code from the store: tens of ms a size, no recording
+                state.capture_s += time.perf_counter() - start
+            old, state.graphs, state.graph_spec = state.graphs, manager, state.spec
+            if old is not None:
+                old.release()
+            if manager.pending_sizes:
+                self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda")
+        phases = self._new_phases(state, backend)
+        if phases is not None:
+            for manager in phases.managers.values():
+                manager.begin()
+                manager.load_stored()  # compiled code from the store: no recording, no compile
+            self._install_phases(state, phases)
+            for name, manager in phases.managers.items():
+                if manager.pending_sizes:
+                    self.capture_queue.add(state, manager, background_thread=manager.backend_name != "cuda",
+                                           phase=name)
         return state
 
     def capture_graphs(self, backend: str = "auto", background: bool = False) -> RuntimeState:

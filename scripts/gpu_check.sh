@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: the CUDA tests plus the GPU benchmarks, on a machine with its own torch (2.11 was
-# seen) and no registry access. Designed for under 6 minutes on one H200: every stage has its
+# seen) and no registry access. Designed for under 7 minutes on one H200: every stage has its
 # own time limit, a failed or timed-out stage is recorded and the rest still run.
 #
 # Usage: scripts/gpu_check.sh OUTDIR   (default: ${GPU_RESULTS:-gpu-results})
@@ -68,10 +68,11 @@ if [ "${#wheels[@]}" -gt 0 ]; then
     stage wheels 60 - "$PY" -m pip install --no-deps --no-index "${wheels[@]}"
 fi
 
-# Budget (seconds, limits not typical times): 100 + 45 + 30 + 30 + 35 + 30 + 30 + 55 = 355 < 360.
+# Budget (seconds, limits not typical times): 100 + 45 + 40 + 30 + 30 + 35 + 30 + 30 + 55 = 395 < 420.
 stage pytest_cuda 100 - "$PY" -m pytest -q -m cuda tests -p no:cacheprovider \
     --junitxml="$OUT/junit-cuda.xml"
 stage gpu_probe 45 "$OUT/gpu_probe.json" "$PY" -m scripts.gpu_probe --json "$OUT/gpu_probe.json"
+stage gpu_phases 40 "$OUT/gpu_phases.json" "$PY" -m scripts.gpu_phases --json "$OUT/gpu_phases.json"
 stage bench_replay 30 "$OUT/bench_replay.json" "$PY" -m scripts.bench_replay --device cuda \
     --batch 1 8 64 --json "$OUT/bench_replay.json"
 stage bench_graphs 30 "$OUT/bench_graphs.json" "$PY" -m scripts.bench_graphs --quick \

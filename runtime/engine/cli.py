@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
     sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
     sim.add_argument("--json", action="store_true", help="print the report as JSON")
+    sim.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
+                     help="phases captured beside the draft step ('' none; default: all on CUDA, none on CPU)")
     sim.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes, gloo)")
     sim.add_argument("--poll-every", type=int, default=8, help="coordinator poll period (ranks)")
     sim.add_argument("--profile", default=None, metavar="DIR", help="write a torch-profiler trace")
@@ -99,6 +101,17 @@ def _parser() -> argparse.ArgumentParser:
     _spec_flags(info)
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     return ap
+
+
+def _graph_phases(text: str) -> tuple[str, ...]:
+    """argparse type of --graph-phases: comma-separated names of `PHASE_NAMES` ('' for none)."""
+    from .phases import PHASE_NAMES
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in PHASE_NAMES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--graph-phases={text!r}: unknown {bad}; valid names are "
+                                         f"{', '.join(PHASE_NAMES)}")
+    return names
 
 
 def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
@@ -175,7 +188,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
-                           poll_every=ns.poll_every, capture=ns.capture)
+                           poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases)
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)
@@ -329,6 +342,14 @@ def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
     return ("identical to greedy", r.get("lossless"))
 
 
+def _phases_text(phases: dict[str, Any]) -> str:
+    """One line for the verify / extend graphs: graphs, replays and eager steps by reason each."""
+    if not phases:
+        return "none (the draft step only)"
+    return "; ".join(f"{name}: {p['graphs']} graphs, {p['replays']} replays, eager {p['eager_steps_by_reason']}"
+                     + (f", {p['failed']} failed" if p["failed"] else "") for name, p in phases.items())
+
+
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
@@ -345,6 +366,7 @@ def _print_report(r: dict[str, Any]) -> None:
             ("graphs compiled / loaded / shared", f"{r.get('units_compiled', 0)} / {r.get('units_loaded', 0)} / "
                                                   f"{r.get('units_shared', 0)}"),
             ("eager steps by reason", r["eager_steps_by_reason"]),
+            ("graph phases", _phases_text(r.get("phases") or {})),
             ("tokens/s before / after ready", _before_after_text(r)),
             ("reloads", _reloads_text(r["reloads"])),
             ("RSS MiB (setup / loop)", f"{r['rss_setup_mib']:.0f} / {r['rss_loop_mib']:.0f}"),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
+from draftgraph.runtime.worker_base import GraphStep
 
 from ..models.eagle_head import EagleDraftHead
 from ..models.multi_layer import MultiLayerDraft
@@ -87,21 +88,56 @@ class EagleDrafter:
         a request's accepted length, and the rows of requests that ended, write only the dummy
         slot 0). hidden [b, N, d] from the verify; ``alive`` [b] bool."""
         t = max(acc.lengths)
-        b = batch.size
+        feature, logits = self._extend_rows(hidden, acc.path, acc.tokens, acc.length, batch.lens, batch.slots,
+                                            alive, t, batch.max_len + t)
+        state.set_draft(batch.slots, feature, logits)
+
+    def _extend_rows(self, hidden: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor,
+                     lens: torch.Tensor, slots: torch.Tensor, alive: torch.Tensor, t: int, lk: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the first ``t`` accepted rows of each request, attending over ``lk`` cache
+        positions: (the feature [b, d] and logits [b, V] at each request's last accepted row)."""
+        b = hidden.shape[0]
         dev = hidden.device
-        idx = acc.path[:, :t]
+        idx = path[:, :t]
         feats = hidden.gather(1, idx[:, :, None].expand(b, t, hidden.shape[-1]))
-        toks = acc.tokens[:, :t]
         steps = torch.arange(t, device=dev)[None]
-        real = (steps < acc.length[:, None]) & alive[:, None]
-        lens = batch.lens
+        real = (steps < length[:, None]) & alive[:, None]
         pos = (lens[:, None] + steps).clamp(max=self.head.cfg.max_len - 1)
-        wslot = torch.where(real, batch.slots[:, None], 0)
-        mask = _causal_mask(lens, t, batch.max_len + t)
-        out, logits = self.head.extend(feats, toks, pos, batch.slots, wslot, mask)
-        last = (acc.length - 1)[:, None, None]
-        state.set_draft(batch.slots, out.gather(1, last.expand(b, 1, out.shape[-1]))[:, 0],
-                        logits.gather(1, last.expand(b, 1, logits.shape[-1]))[:, 0])
+        wslot = torch.where(real, slots[:, None], 0)
+        mask = _causal_mask(lens, t, lk)
+        out, logits = self.head.extend(feats, tokens[:, :t], pos, slots, wslot, mask)
+        last = (length - 1)[:, None, None]
+        return (out.gather(1, last.expand(b, 1, out.shape[-1]))[:, 0],
+                logits.gather(1, last.expand(b, 1, logits.shape[-1]))[:, 0])
+
+    def extend_step(self, n: int, width: int, lk: int, rows: int, hidden_dim: int, hidden_dtype: torch.dtype
+                    ) -> GraphStep:
+        """The extend phase's capturable step (`runtime.engine.phases`): all ``width`` accepted
+        rows of each request over an ``lk``-position window; static rows for ``rows`` requests
+        (hidden [rows, n, hidden_dim] from the verify). Returns (feature [b, d], p, ids [b, keep])."""
+        dev = self.head.embed_w.device
+        long = torch.long
+        static = {
+            "hidden": torch.zeros(rows, n, hidden_dim, dtype=hidden_dtype, device=dev),
+            "path": torch.zeros(rows, width, dtype=long, device=dev),
+            "tokens": torch.zeros(rows, width, dtype=long, device=dev),
+            "length": torch.ones(rows, dtype=long, device=dev),
+            "lens": torch.zeros(rows, dtype=long, device=dev),
+            "slots": torch.zeros(rows, dtype=long, device=dev),
+            "alive": torch.zeros(rows, dtype=torch.bool, device=dev),
+        }
+
+        def extend(hidden: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor,
+                   lens: torch.Tensor, slots: torch.Tensor, alive: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            feature, logits = self._extend_rows(hidden, path, tokens, length, lens, slots, alive, width, lk)
+            p, ids = torch.softmax(logits.float(), -1).topk(KEEP_TOPK, dim=-1)
+            return feature, p, ids
+
+        # pad rows: length 1 (their last row is row 0), not alive (they write the dummy slot 0)
+        pads = {"hidden": 0, "path": 0, "tokens": 0, "length": 1, "lens": 0, "slots": 0, "alive": 0}
+        return GraphStep(extend, static, pads)
 
 
 class MultiLayerDrafter:

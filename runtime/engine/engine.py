@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs import resolve_backend
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
@@ -35,6 +36,7 @@ from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
+from .phases import EnginePhases, default_graph_phases, default_tiers
 from .pipeline import StepPipeline
 from .policy import FixedPolicy
 from .profiling import engine_step
@@ -76,7 +78,8 @@ class SpecDecodeEngine:
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
                  capture: str = "background",
                  acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
-                 schedule: SpeculationSchedule | str | None = None) -> None:
+                 schedule: SpeculationSchedule | str | None = None,
+                 graph_phases: Sequence[str] | None = None) -> None:
         t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -114,6 +117,9 @@ class SpecDecodeEngine:
         self.worker.attach_host("a SpecDecodeEngine")
         limits.install()
         background = capture == "background" and backend != "eager"
+        self.phases = self._phases(backend, graph_phases)
+        if self.phases is not None:
+            self.worker.set_phase_provider(self.phases)
         if backend != "eager":
             if schedule is None:
                 self.worker.capture_graphs(backend, background=background)
@@ -128,12 +134,26 @@ class SpecDecodeEngine:
         self.boundary = StepBoundary(self.worker, weights, self._counts, args, schedule, adaptive, backend,
                                      background, self._reset_carried_state)
         limits.current_schedule = lambda: self.boundary.schedule
-        self.pipeline = StepPipeline(target, self.cache, self.drafter, self.slot_state, eos_id, self._counts)
+        self.pipeline = StepPipeline(target, self.cache, self.drafter, self.slot_state, eos_id, self._counts,
+                                     self.phases)
         self.acceptance = AcceptanceMonitor(acceptance_watch) if acceptance_watch is not None else None
         self.report = EngineReport(t0, self._counts, self.boundary, self.acceptance, backend, capture)
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
         self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
         self.report.mark_started()
+
+    def _phases(self, backend: str, graph_phases: Sequence[str] | None) -> EnginePhases | None:
+        """The verify / extend phases every captured state holds (None: the eager backend, or no
+        phase asked for); ``graph_phases`` None: `default_graph_phases` of the backend."""
+        if backend == "eager":
+            return None
+        if graph_phases is None:
+            graph_phases = default_graph_phases(resolve_backend(backend, device=self.cache.k[0].device))
+        elif isinstance(graph_phases, str) or not all(isinstance(p, str) for p in graph_phases):
+            raise TypeError(f"graph_phases={graph_phases!r}: must be a sequence of phase names or None")
+        if not graph_phases:
+            return None
+        return EnginePhases(self.target, self.cache, self.drafter, default_tiers(self.cache.max_len), graph_phases)
 
     # ---- what the engine serves ---------------------------------------------------------------
     @property

@@ -18,6 +18,7 @@ from draftgraph.graphs.spans import span, spans_active
 from draftgraph.runtime import DraftResult, VerifyTree, build_tree
 
 from ..models.greedy import prefill
+from .phases import EnginePhases
 from .request_table import RequestTable
 from .requests import Request
 from .slot_state import SlotState, StepBatch
@@ -32,8 +33,9 @@ class StepPipeline:
     per-slot device state ``slots``; figures go to ``stats``."""
 
     def __init__(self, target: Any, cache: Any, drafter: Any, slots: SlotState, eos_id: int | None,
-                 stats: EngineStats) -> None:
+                 stats: EngineStats, phases: EnginePhases | None = None) -> None:
         self.target = target
+        self.phases = phases  # verify / extend graphs of the worker's states (None: always eager)
         self.cache = cache
         self.drafter = drafter
         self.slots = slots
@@ -83,16 +85,18 @@ class StepPipeline:
             _served_range(batch.size, spec, num_steps, draft)
         with st.timed("build_tree"):
             tree = self.tree(batch, draft, spec, n)
+        # the phases of the state that drafted (a plain target step, S = 0, runs eager: width 1)
+        state = worker.state if num_steps and self.phases is not None else None
         with st.timed("verify"):
-            logits, hidden = self.verify(batch, tree, n)
+            argmax, hidden = self.verify(batch, tree, n, state)
         with st.timed("accept_commit"):
-            acc = accept(tree, logits.argmax(-1), spec.num_steps if num_steps else 0, chain=spec.is_chain)
+            acc = accept(tree, argmax, spec.num_steps if num_steps else 0, chain=spec.is_chain)
             emitted = self.commit(batch, acc, reqs)
         st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
         with st.timed("extend"):
             if not all(r.done for r in reqs):
                 alive = torch.tensor([not r.done for r in reqs], device=hidden.device)
-                self.drafter.extend(self.slots, batch, hidden, acc, alive)
+                self.extend(batch, hidden, acc, alive, state)
         return acc
 
     @staticmethod
@@ -105,14 +109,38 @@ class StepPipeline:
         return build_tree(batch.bonus, parent_list, top_idx, draft_tokens, batch.lens, spec.layout_topk,
                           spec.num_steps, n, validate=False, layout=draft.layout)
 
-    def verify(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(self, batch: StepBatch, tree: VerifyTree, n: int, state: Any = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """One target forward over every request's N tree tokens (K/V written at seq_len + node):
-        (logits [b, N, V], hidden [b, N, d])."""
+        (target argmax [b, N], hidden [b, N, d]); from ``state``'s verify graph when it has one for
+        the batch (see `EnginePhases`), else eager."""
+        if state is not None:
+            return self.phases.verify(state, batch, tree, n, lambda: self.verify_eager(batch, tree, n))
+        logits, hidden = self.verify_eager(batch, tree, n)
+        return logits.argmax(-1), hidden
+
+    def verify_eager(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's eager forward over the tree: (logits [b, N, V], hidden [b, N, d])."""
         dev = batch.lens.device
         write = batch.lens[:, None] + torch.arange(n, device=dev)[None]
         mask = verify_mask(tree, batch.lens, batch.max_len + n)
         b = batch.size
         return self.target(tree.tokens.view(b, n), tree.positions.view(b, n), write, batch.slots, mask, self.cache)
+
+    def extend(self, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance, alive: torch.Tensor,
+               state: Any = None) -> None:
+        """The draft's extend over the accepted rows: ``state``'s extend graph when it has one
+        for the batch (its outputs written into the slot state here), else the drafter's eager
+        extend."""
+        def eager() -> None:
+            self.drafter.extend(self.slots, batch, hidden, acc, alive)
+
+        if state is None:
+            eager()
+            return
+        out = self.phases.extend(state, batch, hidden, acc, alive, eager)
+        if out is not None:
+            self.slots.set_draft_top(batch.slots, *out)
 
     def commit(self, batch: StepBatch, acc: Acceptance, reqs: Sequence[Request]) -> int:
         """Move accepted K/V to consecutive positions, advance each slot's length and bonus token

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from draftgraph.runtime.counting import read_consistent
+from draftgraph.runtime.phases import phase_totals
 from draftgraph.runtime.stored_steps import source_counts
 
 from .acceptance import AcceptanceMonitor
@@ -73,6 +74,7 @@ class EngineReport:
                    **self.boundary.policy.as_dict(), state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
         out["reloads"] = {**self.worker.reload_log.totals(), "recent": recent}
+        out["phases"] = phase_totals(self.worker.live_states())  # verify / extend graphs, all states
         out["draft_weights"] = self.boundary.weights.as_dict()
         out["acceptance_watch"] = self.acceptance.as_dict() if self.acceptance is not None else None
         return out

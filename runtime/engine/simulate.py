@@ -55,6 +55,7 @@ class SimulationConfig:
     progress: bool = True
     poll_every: int = 8
     capture: str = "background"
+    graph_phases: tuple[str, ...] | None = None  # verify / extend graphs (None: the backend's default)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -178,7 +179,8 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     waits = rank is None and cfg.capture == "blocking" and cfg.backend != "eager"
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
                               adaptive_steps=cfg.adaptive_steps or None,
-                              capture="blocking" if rank is not None else "background" if waits else cfg.capture)
+                              capture="blocking" if rank is not None else "background" if waits else cfg.capture,
+                              graph_phases=cfg.graph_phases)
     if waits:
         wait_with_progress(engine)
     if rank is not None:
@@ -245,7 +247,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "steps_per_state": st["steps_per_state"], "schedule": st["schedule"],
         "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
-        "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"],
+        "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"], "phases": st["phases"],
         "pad_rows": engine.worker.state.stats.pad_rows, **engine.startup(),
         "capture": "blocking" if rank is not None else cfg.capture,
         **_before_after_ready(ready, start, start + loop_s, st["tokens_generated"]),

@@ -47,6 +47,12 @@ class SlotState:
             self.draft_p.index_copy_(0, slots, p)
             self.draft_ids.index_copy_(0, slots, ids)
 
+    def set_draft_top(self, slots: torch.Tensor, feature: torch.Tensor, p: torch.Tensor, ids: torch.Tensor) -> None:
+        """As `set_draft`, with the candidates already chosen: p / ids [b, keep] (an extend graph's)."""
+        self.feature.index_copy_(0, slots, feature.float())
+        self.draft_p.index_copy_(0, slots, p)
+        self.draft_ids.index_copy_(0, slots, ids)
+
     @torch.no_grad()
     def clear_non_finite(self) -> None:
         """Replace NaN / inf in the carried draft inputs by zeros (in place)."""

@@ -16,16 +16,22 @@ import torch
 
 from draftgraph.runtime import VerifyTree
 
-__all__ = ["Acceptance", "accept", "commit_kv", "root_only_tree", "verify_mask"]
+__all__ = ["Acceptance", "accept", "commit_kv", "root_only_tree", "tree_verify_mask", "verify_mask"]
 
 
 def verify_mask(tree: VerifyTree, seq_lens: torch.Tensor, lk: int) -> torch.Tensor:
     """[b, N, Lk] bool: key j < seq_len (prefix), or j == seq_len + c with c an ancestor-or-self."""
-    b, n, _ = tree.tree_mask.shape
+    return tree_verify_mask(tree.tree_mask, seq_lens, lk)
+
+
+def tree_verify_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, lk: int) -> torch.Tensor:
+    """`verify_mask` from the tree's mask [b, N, N] and the lengths [b] (tensors only: the verify
+    graph builds its mask from its static rows, so a length is data, never a shape)."""
+    b, n, _ = tree_mask.shape
     rel = torch.arange(lk, device=seq_lens.device)[None] - seq_lens[:, None]  # [b, Lk]
     in_tree = (rel >= 0) & (rel < n)
     col = rel.clamp(0, n - 1).unsqueeze(1).expand(b, n, lk)
-    tree_part = tree.tree_mask.gather(2, col) & in_tree.unsqueeze(1)
+    tree_part = tree_mask.gather(2, col) & in_tree.unsqueeze(1)
     return tree_part | (rel < 0).unsqueeze(1)
 
 

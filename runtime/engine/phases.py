@@ -1,0 +1,204 @@
+"""The engine's graph phases: target verify and draft extend, captured per runtime state.
+
+`EnginePhases` is the worker's `PhaseProvider`: for a state's spec (S, N) it hands over, per KV
+window tier, a verify step at width N and (EAGLE drafts) an extend step at width S + 1, each over
+its own static rows. The worker captures, swaps and releases them with the state, so a step
+reads the verify graph of the very state that drafted it.
+
+KV length is data. A graph attends over a fixed window of ``lk`` cache positions (its tier) and
+reads the lengths from its static rows: mask, write positions and RoPE come from them, so one
+capture serves every length up to its tier. A step picks the smallest tier >= max length + N;
+admission keeps every request within the cache (`RequestTable`), whose length is the largest
+tier. A graph never serves a length past its tier: the step runs the next tier's graph.
+
+Verify: tokens / positions [b, N], lens / slots [b], tree_mask [b, N, N] -> target argmax [b, N]
+and hidden [b, N, d] (K/V written at seq_len + node). Extend: the verify's hidden [b, N, d],
+acceptance path / tokens [b, W], length / lens / slots [b], alive [b] -> the next draft feature
+[b, d] and its top candidates p / ids [b, keep]. Pad rows read and write the dummy slot 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from draftgraph.graphs import Miss
+from draftgraph.runtime import SpeculativeConfig
+from draftgraph.runtime.worker_base import GraphStep
+
+from .slot_state import StepBatch
+from .verify import Acceptance, tree_verify_mask
+
+__all__ = ["EnginePhases", "PHASE_NAMES", "default_graph_phases", "default_tiers"]
+
+PHASE_NAMES = ("verify", "extend")
+
+
+def default_graph_phases(backend: str) -> tuple[str, ...]:
+    """The phases captured by default on a resolved ``backend``: all of them on "cuda" (the
+    launch overhead they remove is most of a small batch's step); none on the CPU backends, where
+    measured they do not pay (docs/performance.md: "trace" replays the verify at 0.6-0.9x eager
+    and "compile" keeps its FX replay, the compiled verify not being bit-equal), while every
+    phase costs a capture per size and tier. Ask for them with ``graph_phases``."""
+    return PHASE_NAMES if backend == "cuda" else ()
+
+
+def default_tiers(cache_len: int) -> tuple[int, ...]:
+    """KV window tiers for a cache of ``cache_len`` positions: a quarter of it and all of it
+    (the window costs attention time in proportion; see docs/performance.md), or all of it alone
+    when a quarter is under 64 positions."""
+    quarter = cache_len // 4
+    return (quarter, cache_len) if quarter >= 64 else (cache_len,)
+
+
+class EnginePhases:
+    """The phases of one engine: ``target`` with its K/V ``cache``, the ``drafter`` (an extend
+    phase when it has `extend_step`), KV window ``tiers`` (ascending, the last = cache length)
+    and the ``phases`` to capture (a subset of `PHASE_NAMES`)."""
+
+    def __init__(self, target: Any, cache: Any, drafter: Any, tiers: Sequence[int],
+                 phases: Sequence[str] = PHASE_NAMES) -> None:
+        tiers = tuple(tiers)
+        if not tiers or list(tiers) != sorted(set(tiers)) or tiers[-1] != cache.max_len:
+            raise ValueError(f"tiers={list(tiers)}: must be ascending, unique, and end at the cache "
+                             f"length {cache.max_len}")
+        unknown = sorted(set(phases) - set(PHASE_NAMES))
+        if unknown:
+            raise ValueError(f"phases={list(phases)}: unknown {unknown}; valid names are {list(PHASE_NAMES)}")
+        self.target = target
+        self.cache = cache
+        self.drafter = drafter
+        self.tiers = tiers
+        self.phases = tuple(p for p in PHASE_NAMES if p in phases)
+        self.has_extend = "extend" in self.phases and hasattr(drafter, "extend_step")
+
+    # ---- the provider -------------------------------------------------------------------------
+    def __call__(self, spec: SpeculativeConfig, max_size: int) -> dict[str, GraphStep]:
+        """Phase name -> `GraphStep` for ``spec`` at ``max_size`` rows (see the module docstring)."""
+        steps: dict[str, GraphStep] = {}
+        for lk in self.tiers:
+            if "verify" in self.phases:
+                steps[f"verify@{lk}"] = self._verify_step(spec.num_draft_tokens, lk, max_size)
+            if self.has_extend:
+                step = self.drafter.extend_step(spec.num_draft_tokens, spec.num_steps + 1, lk, max_size,
+                                                self.target.hidden_size, self.target.dtype)
+                steps[f"extend@{lk}"] = step._replace(
+                    structure=self.structure("extend", n=spec.num_draft_tokens, width=spec.num_steps + 1, lk=lk),
+                    constants=self.constants)
+        return steps
+
+    def tier(self, batch: StepBatch, width: int) -> int:
+        """The smallest tier holding every request's window (max length + ``width``)."""
+        need = batch.max_len + width
+        for lk in self.tiers:
+            if lk >= need:
+                return lk
+        raise ValueError(f"a request at length {batch.max_len} with {width} tree tokens needs {need} "
+                         f"cache positions; the cache has {self.tiers[-1]} (admission keeps requests within it)")
+
+    def structure(self, phase: str, **shape: int) -> str:
+        """What a phase's compiled code depends on besides its shapes: the models' classes and
+        configurations, the cache, the phase and its widths (the store's key, with the source
+        digest and the shapes)."""
+        def config(model: Any) -> Any:
+            cfg = getattr(model, "cfg", None)
+            return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg)
+
+        head = getattr(self.drafter, "head", None)
+        return json.dumps({"phase": phase, **shape, "target": type(self.target).__qualname__,
+                           "target_config": config(self.target), "draft": type(head).__qualname__,
+                           "draft_config": config(head), "cache": [self.cache.slots, self.cache.max_len],
+                           "dtype": str(self.target.dtype), "device": str(self.cache.k[0].device)},
+                          sort_keys=True, default=repr)
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        """Every tensor a phase may read besides its inputs, by stable name: the target's and the
+        draft's parameters and buffers and both K/V caches (never baked into stored code)."""
+        out: dict[str, torch.Tensor] = {}
+        head = getattr(self.drafter, "head", None)
+        for prefix, model in (("target", self.target), ("draft", head)):
+            if isinstance(model, torch.nn.Module):
+                out.update({f"{prefix}.{n}": t for n, t in model.named_parameters()})
+                out.update({f"{prefix}.{n}": t for n, t in model.named_buffers()})
+        for prefix, cache in (("cache", self.cache), ("draft_cache", getattr(head, "cache", None))):
+            if cache is not None:
+                out.update({f"{prefix}.k.{i}": t for i, t in enumerate(cache.k)})
+                out.update({f"{prefix}.v.{i}": t for i, t in enumerate(cache.v)})
+        return out
+
+    def _verify_step(self, n: int, lk: int, rows: int) -> GraphStep:
+        dev = self.cache.k[0].device
+        long = torch.long
+        static = {
+            "tokens": torch.zeros(rows, n, dtype=long, device=dev),
+            "positions": torch.zeros(rows, n, dtype=long, device=dev),
+            "lens": torch.zeros(rows, dtype=long, device=dev),
+            "slots": torch.zeros(rows, dtype=long, device=dev),
+            "tree_mask": torch.ones(rows, n, n, dtype=torch.bool, device=dev),
+        }
+        target, cache = self.target, self.cache
+
+        def verify(tokens: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor,
+                   tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            width = tokens.shape[1]
+            write = lens[:, None] + torch.arange(width, device=lens.device)[None]
+            mask = tree_verify_mask(tree_mask, lens, lk)
+            logits, hidden = target(tokens, positions, write, slots, mask, cache)
+            return logits.argmax(-1), hidden
+
+        # pad rows: slot 0 (the dummy), length 0, each node sees itself (no empty softmax row)
+        return GraphStep(verify, static, {"tokens": 0, "positions": 0, "lens": 0, "slots": 0, "tree_mask": 1},
+                         self.structure("verify", n=n, lk=lk), self.constants)
+
+    # ---- running a phase ---------------------------------------------------------------------
+    @staticmethod
+    def run(state: Any, name: str, inputs: dict[str, torch.Tensor], eager: Any) -> Any:
+        """Phase ``name`` of ``state`` on ``inputs`` (in the step's static-input order): its graph
+        for the padded batch, or ``eager()`` counted by reason. The graph's outputs are views the
+        next replay of the phase overwrites."""
+        phases = state.replayable_phases()
+        b = next(iter(inputs.values())).shape[0]
+        found = phases.lookup(name, b) if phases is not None else Miss("no_graphs")
+        if type(found) is tuple:
+            manager, plan = found
+            return manager.replay_trusted(plan, tuple(inputs.values()))
+        if phases is not None:
+            phases.count_eager(name, found.reason)
+        return eager()
+
+    def verify(self, state: Any, batch: StepBatch, tree: Any, n: int, eager: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target argmax [b, N], hidden [b, N, d]) of the verify tree, from the state's graph for
+        the batch's tier, or ``eager()`` (which returns logits, hidden)."""
+        if "verify" not in self.phases:
+            logits, hidden = eager()
+            return logits.argmax(-1), hidden
+        b = batch.size
+        inputs = {"tokens": tree.tokens.view(b, n), "positions": tree.positions.view(b, n), "lens": batch.lens,
+                  "slots": batch.slots, "tree_mask": tree.tree_mask}
+
+        def run_eager() -> tuple[torch.Tensor, torch.Tensor]:
+            logits, hidden = eager()
+            return logits.argmax(-1), hidden
+
+        return self.run(state, f"verify@{self.tier(batch, n)}", inputs, run_eager)
+
+    def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
+               alive: torch.Tensor, eager: Any) -> Any:
+        """The next draft inputs (feature [b, d], p [b, keep], ids [b, keep]) from the state's
+        extend graph, or None after ``eager()`` (which writes them itself)."""
+        if not self.has_extend:
+            eager()
+            return None
+        width = acc.path.shape[1]
+        inputs = {"hidden": hidden, "path": acc.path, "tokens": acc.tokens, "length": acc.length,
+                  "lens": batch.lens, "slots": batch.slots, "alive": alive}
+
+        def run_eager() -> None:
+            eager()
+
+        return self.run(state, f"extend@{self.tier(batch, width)}", inputs, run_eager)

@@ -1,0 +1,161 @@
+"""The whole step in graphs: target verify and draft extend captured per runtime state (trace
+backend: the CPU's capture semantics), per size, width and KV window tier; lossless; swapped with
+the state; a failed phase serves eager and the others keep their graphs."""
+
+from __future__ import annotations
+
+import pytest
+from engine_support import MAX_NEW, engine_args, models, prompts, reference
+
+from draftgraph.runtime import SpeculativeConfig
+from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
+from draftgraph.runtime.models.greedy import greedy_generate
+from draftgraph.runtime.worker_base import GraphStep
+
+PHASES = ("verify", "extend")
+TREE = SpeculativeConfig(3, 2, 6)  # N = 6 tree tokens, S + 1 = 4 accepted rows at most
+
+
+def _engine(spec: SpeculativeConfig, **kw) -> SpecDecodeEngine:
+    target, head = models("eagle")
+    return SpecDecodeEngine(engine_args(spec, bs=(2, 4), running=6), target, head, backend="trace",
+                            capture="blocking", graph_phases=PHASES, **kw)
+
+
+def _run(engine: SpecDecodeEngine) -> list[list[int]]:
+    return engine.generate([list(p) for p in prompts()], MAX_NEW)
+
+
+def test_default_tiers_end_at_the_cache_length():
+    assert default_tiers(512) == (128, 512)
+    assert default_tiers(200) == (200,)
+    target, head = models("eagle")
+    with pytest.raises(ValueError, match="tiers=.*end at the cache length 512"):
+        EnginePhases(target, target.new_cache(2), None, (128, 256))
+    with pytest.raises(ValueError, match="phases=.*unknown"):
+        EnginePhases(target, target.new_cache(2), None, (512,), ("verify", "prefill"))
+
+
+def test_each_phase_captured_per_size_width_and_tier_and_lossless():
+    engine = _engine(TREE)
+    try:
+        phases = engine.worker.state.phases
+        assert set(phases.names) == {"verify@128", "verify@512", "extend@128", "extend@512"}
+        for name, manager in phases.managers.items():
+            assert manager.captured_sizes == (2, 4), name
+            inputs = manager.static_inputs
+            if name.startswith("verify"):
+                assert inputs["tokens"].shape == (4, 6)  # width N
+                assert inputs["tree_mask"].shape == (4, 6, 6)
+            else:
+                assert inputs["path"].shape == (4, 4)  # width S + 1
+                assert inputs["hidden"].shape[:2] == (4, 6)
+        assert _run(engine) == reference()
+        figures = phases.describe()
+        assert figures["verify@128"]["replays"] > 0
+        assert figures["extend@128"]["replays"] > 0
+        st = engine.stats()["phases"]
+        assert st["verify"]["graphs"] == st["extend"]["graphs"] == 4
+        assert st["verify"]["replays"] == figures["verify@128"]["replays"] + figures["verify@512"]["replays"]
+        # b = 5, 6 are above the largest size: eager, counted by reason
+        assert st["verify"]["eager_steps_by_reason"].get("above_max", 0) > 0
+        assert st["verify"]["capture_s"] > 0
+    finally:
+        engine.close()
+
+
+def test_lengths_across_tiers_replay_without_a_new_capture():
+    target, _ = models("eagle")
+    engine = _engine(SpeculativeConfig(3, 1))
+    try:
+        phases = engine.worker.state.phases
+        captures = {n: m.stats.captures for n, m in phases.managers.items()}
+        short, long_ = [5, 9, 13], [(7 * i) % 250 + 1 for i in range(200)]  # windows in tier 128 and 512
+        for prompt in (short, long_):  # a batch's tier is its longest request's
+            assert engine.generate([prompt], 20) == greedy_generate(target, [prompt], 20)
+        figures = phases.describe()
+        assert figures["verify@128"]["replays"] > 0 and figures["verify@512"]["replays"] > 0
+        assert figures["extend@512"]["replays"] > 0
+        assert {n: m.stats.captures for n, m in phases.managers.items()} == captures  # none recaptured
+    finally:
+        engine.close()
+
+
+def test_a_request_past_the_cache_is_refused_at_admission():
+    engine = _engine(SpeculativeConfig(3, 1))
+    try:
+        with pytest.raises(ValueError, match="max_len"):
+            engine.add_request([1] * 500, 20)
+        assert _run(engine) == reference()  # nothing half-admitted
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_switch_replays_the_verify_graph_of_the_new_width():
+    engine = _engine(SpeculativeConfig(3, 1))
+    try:
+        worker = engine.worker
+        s3 = worker.state
+        s1 = worker.build_runtime_state(1, backend="trace")  # N = 2: verify graphs of width 2
+        assert s1.phases.managers["verify@128"].static_inputs["tokens"].shape[1] == 2
+        worker.apply_runtime_state(s1)
+        assert _run(engine) == reference()
+        before = {n: f["replays"] for n, f in s3.phases.describe().items()}
+        assert s1.phases.describe()["verify@128"]["replays"] > 0
+        worker.apply_runtime_state(s3)
+        s1_after = {n: f["replays"] for n, f in s1.phases.describe().items()}
+        assert _run(engine) == reference()
+        assert s3.phases.describe()["verify@128"]["replays"] > before["verify@128"]
+        assert {n: f["replays"] for n, f in s1.phases.describe().items()} == s1_after  # never the old width
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_reload_and_a_target_only_band_stay_lossless():
+    target, head = models("eagle")
+    # S = 0 from 5 requests on: plain target steps (eager, width 1) beside graphed speculative ones
+    args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=6)
+    engine = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
+                              schedule="1:3,5:0")
+    try:
+        ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()]
+        for _ in range(5):
+            engine.step()
+        engine.request_reload(engine_args(SpeculativeConfig(2, 1), bs=(4,), running=6, schedule=None))
+        while engine.has_work():
+            engine.step()
+        assert [engine.result(i) for i in ids] == reference()
+        assert engine.stats()["reloads"]["applied"] == 1
+        assert engine.stats()["phases"]["verify"]["replays"] > 0
+    finally:
+        engine.close()
+
+
+def test_a_failed_phase_serves_eager_and_the_others_keep_their_graphs(monkeypatch):
+    def broken(self, n, lk, rows):
+        step = original(self, n, lk, rows)
+
+        def fails(**inputs):
+            raise RuntimeError("verify kernel unavailable")
+
+        return GraphStep(fails, step.static_inputs, step.pad_values)
+
+    original = EnginePhases._verify_step
+    monkeypatch.setattr(EnginePhases, "_verify_step", broken)
+    engine = _engine(SpeculativeConfig(3, 1))
+    try:
+        phases = engine.worker.state.phases
+        assert set(phases.failed) == {"verify@128", "verify@512"}
+        assert "verify kernel unavailable" in phases.failed["verify@128"]
+        assert _run(engine) == reference()
+        st = engine.stats()
+        assert st["phases"]["verify"]["failed"] == 2
+        assert st["phases"]["verify"]["replays"] == 0
+        assert st["phases"]["verify"]["eager_steps_by_reason"]["capture_failed"] > 0
+        assert st["phases"]["extend"]["replays"] > 0
+        assert st["graph_replays"] > 0  # the draft step too
+    finally:
+        engine.close()
