@@ -10,7 +10,8 @@ round (the order rotates), medians over the rounds:
   (a) ``engine eager``: the engine on the eager backend;
   (b) ``engine <graph>``: the engine on this machine's graph backend ("auto": compile on a CPU
       with a compiler, cuda on a GPU; ``--quick``: trace), plus ``engine trace`` (the
-      semantics-only reference, ``--no-trace`` to skip);
+      semantics-only reference, ``--no-trace`` to skip); ``--graph-phases verify,extend``
+      passes the engine's ``graph_phases`` (default: the engine's own choice per backend);
   (c) ``target-only greedy``: `greedy_generate`, eager;
   (d) ``target-only greedy compiled``: the same with its decode step compiled
       (scripts/greedy_compiled.py; not in ``--quick``).
@@ -61,10 +62,13 @@ def _args(device: str) -> RuntimeArgs:
                        max_running_requests=MAX_BS, device=device)
 
 
-def _engine(target_model: Any, head: Any, backend: str, device: str) -> tuple[str, SpecDecodeEngine, dict]:
-    """An engine with every graph ready; (the backend that serves, the engine, its start-up)."""
+def _engine(target_model: Any, head: Any, backend: str, device: str, phases: tuple[str, ...] | None
+            ) -> tuple[str, SpecDecodeEngine, dict]:
+    """An engine with every graph ready; (the backend that serves, the engine, its start-up).
+    ``phases``: the engine's ``graph_phases`` (None: not passed, the engine's default)."""
     start = time.perf_counter()
-    eng = SpecDecodeEngine(_args(device), target_model, head, backend=backend, capture="blocking")
+    kw = {"graph_phases": phases} if phases is not None and backend != "eager" else {}
+    eng = SpecDecodeEngine(_args(device), target_model, head, backend=backend, capture="blocking", **kw)
     if not eng.worker.wait_graphs(1800.0):
         raise RuntimeError(f"backend={backend!r}: graphs not ready after 1800 s")
     graphs = eng.worker.state.graphs
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--backend", default=None, help="the graph backend of (b) (default: auto; --quick: trace)")
     p.add_argument("--no-trace", action="store_true", help="skip the trace engine (semantics-only reference)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--graph-phases", default=None, metavar="verify,extend",
+                   help="the graph engines' graph_phases ('' for none; default: the engine's own default)")
     a = p.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(a.threads)
@@ -176,6 +182,8 @@ def _engine_figures(conc: int, case: str, times: dict[str, list[float]], st: dic
     decode[be] = sum(times[case]) - st["stage_s"].get("admit", 0.0)  # the rounds' time out of admission
     if "eager" in decode:
         ratios["decode_vs_eager"] = decode["eager"] / decode[be]
+    for phase, replays in st.get("phase_replays", {}).items():  # graph phases (verify, extend), where captured
+        ratios[f"{phase}_replays_per_step"] = replays / max(st["verify_steps"], 1)
     cols.update(vs_eager=ratios["vs_eager"], vs_target_only=ratios["vs_target_only_same_backend"])
     targets = []
     if be == graph_name and ratios["vs_eager"] is not None and conc in VS_EAGER:
@@ -220,6 +228,8 @@ def _measure(conc: int, tgt: Any, compiled: CompiledGreedy | None, engines: dict
             st = engines[be].stats()
             st["draft_replays"] = st["graph_replays"] - before[be]["graph_replays"]
             st["draft_eager"] = st["eager_steps"] - before[be]["eager_steps"]
+            st["phase_replays"] = {k: v["replays"] - before[be]["phases"][k]["replays"]
+                                   for k, v in (st.get("phases") or {}).items()}
             stages.setdefault(be, {})[f"requests={conc}"] = _stages(st)
             stats_out.setdefault(be, {})[f"requests={conc}"] = st  # whatever the engine reports (phases...)
             cols, ratios, targets = _engine_figures(conc, case, times, st, graph_name, decode)
@@ -239,11 +249,12 @@ def _run(a: argparse.Namespace) -> dict:
     if max(concs) > MAX_BS:
         raise ValueError(f"--requests {max(concs)}: at most {MAX_BS} (the capture sizes' top)")
     graph_be = a.backend or ("trace" if a.quick else "auto")
+    phases = None if a.graph_phases is None else tuple(x for x in a.graph_phases.split(",") if x)
     tgt, head = default_models(device=a.device)
     engines: dict[str, SpecDecodeEngine] = {}
     ready: dict[str, dict] = {}
     for be in ["eager", graph_be] + ([] if a.no_trace or graph_be == "trace" else ["trace"]):
-        name, eng, info = _engine(tgt, head, be, a.device)
+        name, eng, info = _engine(tgt, head, be, a.device, phases)
         if name not in engines:  # "auto" may resolve to a backend already there (eager: no compiler)
             engines[name], ready[name] = eng, info
     # the speed targets are stated for a backend that runs compiled code: trace (an FX replay in
@@ -257,7 +268,7 @@ def _run(a: argparse.Namespace) -> dict:
     stages: dict[str, dict[str, dict[str, float]]] = {}
     engine_stats: dict[str, dict[str, Any]] = {}
     params = {"chain": "S=3", "max_new": max_new, "max_bs": MAX_BS, "device": a.device, "threads": a.threads,
-              "rounds": rounds}
+              "rounds": rounds, "graph_phases": "default" if phases is None else ",".join(phases)}
     for conc in concs:
         r, rec = _measure(conc, tgt, compiled, engines, graph_name, params, stages, engine_stats)
         rows += r
