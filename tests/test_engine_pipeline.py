@@ -101,9 +101,14 @@ def _engine(backend: str = "eager", bs=(4,), spec=None, **kw) -> SpecDecodeEngin
     return SpecDecodeEngine(args, target, head, backend=backend, capture="blocking", **kw)
 
 
+@pytest.mark.parametrize("backend, phases", [("eager", None), ("trace", None), ("trace", ("verify", "extend"))],
+                         ids=["eager", "trace", "trace-phases"])
 @pytest.mark.parametrize("spec", [SpeculativeConfig(3, 1), SpeculativeConfig(3, 2, 6)], ids=["chain", "tree"])
-def test_a_steady_step_reads_the_device_once(spec) -> None:
-    engine = _engine(spec=spec)
+def test_a_steady_step_reads_the_device_once(spec, backend, phases) -> None:
+    """b=4, every step steady (no admission, no request ending): the host syncs of each step,
+    on the eager backend, with the draft replayed from graphs (trace), and with the verify and
+    extend phases replayed too."""
+    engine = _engine(backend=backend, spec=spec, **({"graph_phases": phases} if phases else {}))
     for p in prompts()[:4]:
         engine.add_request(list(p), 40)
     engine.step()  # admission (a prefill reads its first token) and one step
@@ -114,6 +119,12 @@ def test_a_steady_step_reads_the_device_once(spec) -> None:
         counts.append(found)
     assert all(len(c) <= 2 for c in counts), counts  # the target of issue 31: at most 2
     assert all(c == ["Tensor.tolist"] for c in counts), counts  # today: acceptance's one read
+    st = engine.stats()
+    assert st["batch_sizes"] == {4: 4}  # every counted step ran the 4 requests
+    if backend != "eager":  # the draft of the counted steps replayed its graph
+        assert st["graph_replays"] >= 3 and not st["eager_steps_by_reason"], st["eager_steps_by_reason"]
+    for phase in phases or ():  # and so did each phase asked for
+        assert st["phases"][phase]["replays"] >= 3 and not st["phases"][phase]["eager_steps_by_reason"], st["phases"]
 
 
 def test_the_serving_path_builds_the_tree_without_a_validation_sync(monkeypatch) -> None:
