@@ -214,3 +214,19 @@ def test_compiled_phases_keep_their_code_and_load_from_the_store(tmp_path, monke
 
 def _no_recording(*_a, **_k):
     raise AssertionError("recorded a step that the store holds")
+
+
+def test_the_multi_layer_draft_graphs_its_verify():
+    """The multi-layer draft has no extend step (its carried feature is the target's hidden
+    state): its states hold verify graphs only, and stay lossless."""
+    target, draft = models("multi_layer")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=6), target, draft,
+                              backend="trace", capture="blocking", graph_phases=PHASES)
+    try:
+        phases = engine.worker.state.phases
+        assert set(phases.names) == {"verify@128", "verify@512"}
+        assert _run(engine) == reference()
+        st = engine.stats()["phases"]
+        assert st["verify"]["replays"] > 0 and "extend" not in st
+    finally:
+        engine.close()
