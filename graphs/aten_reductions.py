@@ -11,8 +11,8 @@ gathers, index_put) compiled equals eager bitwise.
 
 `keep_aten_reductions` returns a copy of an aten graph in which those reductions call
 operators of the ``draftgraph_aten`` library instead: each one runs the very ATen kernel the
-FX replay runs, and inductor, which has no lowering for them, calls them as opaque kernels
-(with eager's strides) and fuses everything around them. The verify forward of the default
+FX replay runs, and inductor calls them as extern kernels (with eager's strides; a direct
+ATen call once `register_inductor_lowerings` ran) and fuses everything around them. The verify forward of the default
 target (float64, N=4, b 1-16, KV window 64-512) stays bit-equal to eager and runs 1.22-1.55x
 faster than it, as fast as raw ``torch.compile`` (scripts/bench_verify.py, one thread); with
 inductor's own reductions it was never bit-equal, so the compile backend kept the FX replay.
