@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from .aten_reductions import REWRITE_TAG, keep_aten_reductions
+from .aten_reductions import REWRITE_TAG, keep_aten_reductions, register_inductor_lowerings
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
 from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
@@ -519,6 +519,7 @@ def _inductor_compile(gm: fx.GraphModule, example_inputs: list[Tensor]) -> Calla
     """Inductor's compile of an aten graph (no dynamo: the graph is already traced)."""
     from torch._inductor.compile_fx import compile_fx
 
+    register_inductor_lowerings()
     return compile_fx(gm, example_inputs)
 
 
@@ -529,6 +530,7 @@ def _inductor_artifact(gm: fx.GraphModule, example_inputs: list[Tensor]) -> Call
     same 0.80 ms per replay)."""
     from torch._inductor import standalone_compile
 
+    register_inductor_lowerings()
     return standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs")
 
 

@@ -8,7 +8,7 @@ they exact, and which KV window tiers to capture (issue 31, items 2 and 4).
    eager, raw ``torch.compile`` (dynamo, one compile per shape), and `GraphCaptureManager.run`
    on the "trace" (FX replay) and "compile" (inductor) backends.
    Each compiled path is checked against eager on fresh inputs (not the capture inputs):
-   hidden states bitwise, argmax tokens equal.
+   hidden states bitwise, argmax tokens equal (`first_equal`: the tokens; for extend, the features).
 2. KV tiers, from the compile backend's figures: a verify at committed length L reads the
    smallest tier >= L + N. Per tiering, the mean verify time over lengths 1..508 (uniform) and
    over 1..252 (a steady decode of 128 new tokens stays there), beside attention over the full
@@ -184,7 +184,7 @@ def _row(part: str, b: int, lk: int, s: dict[str, Any], exact: dict[str, Any], c
     for name, e in exact.items():
         row[f"bitwise_{name}"] = e["bitwise"]
         row[f"diff_{name}"] = e["max_abs_diff"]
-    row["tokens_equal"] = all(e["first_equal"] for e in exact.values())
+    row["first_equal"] = all(e["first_equal"] for e in exact.values())  # verify: tokens; extend: features
     row["torch_compile_s"] = compile_s
     return row
 
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tiers = tiering_rows(rows, windows, capture_s, len(sizes))
     cols = ["part", "b", "lk", "eager_ms", "torch_compile_ms", "trace_ms", "compile_ms", "x_torch_compile",
             "x_trace", "x_compile", "compile_engine", "bitwise_compile", "bitwise_torch_compile", "diff_torch_compile",
-            "tokens_equal"]
+            "first_equal"]
     _print_table("kv tiers (compile backend; x_full: full-cache verify / this)", tiers,
                  ["b", "tiers", "graphs", "capture_s", "mean_ms_all", "x_full_all", "mean_ms_le256", "x_full_le256"])
     extra = {"n": N, "sizes": list(sizes), "windows": list(windows), "extend_window": EXTEND_WINDOW,
