@@ -18,12 +18,13 @@ from draftgraph.runtime.worker_base import GraphStep
 
 PHASES = ("verify", "extend")
 TREE = SpeculativeConfig(3, 2, 6)  # N = 6 tree tokens, S + 1 = 4 accepted rows at most
+TIERS = (128, 512)  # two windows keep the captures few; the default adds 256
 
 
 def _engine(spec: SpeculativeConfig, **kw) -> SpecDecodeEngine:
     target, head = models("eagle")
     return SpecDecodeEngine(engine_args(spec, bs=(2, 4), running=6), target, head, backend="trace",
-                            capture="blocking", graph_phases=PHASES, **kw)
+                            capture="blocking", graph_phases=PHASES, kv_tiers=TIERS, **kw)
 
 
 def _run(engine: SpecDecodeEngine) -> list[list[int]]:
@@ -31,11 +32,13 @@ def _run(engine: SpecDecodeEngine) -> list[list[int]]:
 
 
 def test_default_tiers_end_at_the_cache_length():
-    assert default_tiers(512) == (128, 512)
+    assert default_tiers(512) == (128, 256, 512)
     assert default_tiers(200) == (200,)
     target, head = models("eagle")
     with pytest.raises(ValueError, match="tiers=.*end at the cache length 512"):
         EnginePhases(target, target.new_cache(2), None, (128, 256))
+    with pytest.raises(TypeError, match="tiers=.*not an int"):
+        EnginePhases(target, target.new_cache(2), None, (128.0, 512))
     with pytest.raises(ValueError, match="phases=.*unknown"):
         EnginePhases(target, target.new_cache(2), None, (512,), ("verify", "prefill"))
 
@@ -130,7 +133,7 @@ def test_reload_and_a_target_only_band_stay_lossless():
     # S = 0 from 5 requests on: plain target steps (eager, width 1) beside graphed speculative ones
     args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=6)
     engine = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
-                              schedule="1:3,5:0")
+                              kv_tiers=TIERS, schedule="1:3,5:0")
     try:
         ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()]
         for _ in range(5):
@@ -184,7 +187,7 @@ def test_compiled_phases_keep_their_code_and_load_from_the_store(tmp_path, monke
 
     def build(capture: str) -> SpecDecodeEngine:
         return SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2,), running=2), target, head,
-                                backend="compile", capture=capture, graph_phases=PHASES)
+                                backend="compile", capture=capture, graph_phases=PHASES, kv_tiers=TIERS)
 
     prompts_ = [list(p) for p in prompts()[:4]]
     want = greedy_generate(target, prompts_, 16)
@@ -221,10 +224,10 @@ def test_the_multi_layer_draft_graphs_its_verify():
     state): its states hold verify graphs only, and stay lossless."""
     target, draft = models("multi_layer")
     engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=6), target, draft,
-                              backend="trace", capture="blocking", graph_phases=PHASES)
+                              backend="trace", capture="blocking", graph_phases=PHASES, kv_tiers=(512,))
     try:
         phases = engine.worker.state.phases
-        assert set(phases.names) == {"verify@128", "verify@512"}
+        assert set(phases.names) == {"verify@512"}
         assert _run(engine) == reference()
         st = engine.stats()["phases"]
         assert st["verify"]["replays"] > 0 and "extend" not in st

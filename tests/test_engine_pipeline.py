@@ -108,7 +108,7 @@ def test_a_steady_step_reads_the_device_once(spec, backend, phases) -> None:
     """b=4, every step steady (no admission, no request ending): the host syncs of each step,
     on the eager backend, with the draft replayed from graphs (trace), and with the verify and
     extend phases replayed too."""
-    engine = _engine(backend=backend, spec=spec, **({"graph_phases": phases} if phases else {}))
+    engine = _engine(backend=backend, spec=spec, **({"graph_phases": phases, "kv_tiers": (512,)} if phases else {}))
     for p in prompts()[:4]:
         engine.add_request(list(p), 40)
     engine.step()  # admission (a prefill reads its first token) and one step

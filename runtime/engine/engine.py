@@ -72,14 +72,19 @@ class SpecDecodeEngine:
     ``schedule`` (a `SpeculationSchedule`, its text form, or ``args.schedule``): S follows the
     batch size, 0 meaning a plain target decode; each band's candidates are chosen by its own
     adaptive controller (give candidates per band, ``"1:3|4|5"``, instead of ``adaptive_steps``),
-    and each band's states capture only the batch sizes it can reach."""
+    and each band's states capture only the batch sizes it can reach.
+
+    ``graph_phases`` (names of `PHASE_NAMES`, "verify" and "extend"): the target verify and draft
+    extend captured per state beside the draft step, one graph per size and KV window tier
+    (``kv_tiers``, ascending, ending at the cache length; default `default_tiers`); None: both on
+    CUDA, none on the CPU backends (docs/phases.md)."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
                  capture: str = "background",
                  acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
                  schedule: SpeculationSchedule | str | None = None,
-                 graph_phases: Sequence[str] | None = None) -> None:
+                 graph_phases: Sequence[str] | None = None, kv_tiers: Sequence[int] | None = None) -> None:
         t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -117,7 +122,7 @@ class SpecDecodeEngine:
         self.worker.attach_host("a SpecDecodeEngine")
         limits.install()
         background = capture == "background" and backend != "eager"
-        self.phases = self._phases(backend, graph_phases)
+        self.phases = self._phases(backend, graph_phases, kv_tiers)
         if self.phases is not None:
             self.worker.set_phase_provider(self.phases)
         if backend != "eager":
@@ -142,9 +147,11 @@ class SpecDecodeEngine:
         self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
         self.report.mark_started()
 
-    def _phases(self, backend: str, graph_phases: Sequence[str] | None) -> EnginePhases | None:
+    def _phases(self, backend: str, graph_phases: Sequence[str] | None, kv_tiers: Sequence[int] | None
+                ) -> EnginePhases | None:
         """The verify / extend phases every captured state holds (None: the eager backend, or no
-        phase asked for); ``graph_phases`` None: `default_graph_phases` of the backend."""
+        phase asked for); ``graph_phases`` None: `default_graph_phases` of the backend;
+        ``kv_tiers`` None: `default_tiers` of the cache."""
         if backend == "eager":
             return None
         if graph_phases is None:
@@ -153,7 +160,8 @@ class SpecDecodeEngine:
             raise TypeError(f"graph_phases={graph_phases!r}: must be a sequence of phase names or None")
         if not graph_phases:
             return None
-        return EnginePhases(self.target, self.cache, self.drafter, default_tiers(self.cache.max_len), graph_phases)
+        tiers = default_tiers(self.cache.max_len) if kv_tiers is None else tuple(kv_tiers)
+        return EnginePhases(self.target, self.cache, self.drafter, tiers, graph_phases)
 
     # ---- what the engine serves ---------------------------------------------------------------
     @property

@@ -48,11 +48,11 @@ def default_graph_phases(backend: str) -> tuple[str, ...]:
 
 
 def default_tiers(cache_len: int) -> tuple[int, ...]:
-    """KV window tiers for a cache of ``cache_len`` positions: a quarter of it and all of it
-    (the window costs attention time in proportion; see docs/performance.md), or all of it alone
-    when a quarter is under 64 positions."""
+    """KV window tiers for a cache of ``cache_len`` positions: a quarter, a half and all of it
+    (the window costs attention time in proportion; measured in docs/phases.md), or all of it
+    alone when a quarter is under 64 positions."""
     quarter = cache_len // 4
-    return (quarter, cache_len) if quarter >= 64 else (cache_len,)
+    return (quarter, cache_len // 2, cache_len) if quarter >= 64 else (cache_len,)
 
 
 class EnginePhases:
@@ -63,6 +63,9 @@ class EnginePhases:
     def __init__(self, target: Any, cache: Any, drafter: Any, tiers: Sequence[int],
                  phases: Sequence[str] = PHASE_NAMES) -> None:
         tiers = tuple(tiers)
+        bad = [t for t in tiers if isinstance(t, bool) or not isinstance(t, int) or t < 1]
+        if bad:
+            raise TypeError(f"tiers={list(tiers)}: {bad[0]!r} is not an int >= 1 (KV window lengths)")
         if not tiers or list(tiers) != sorted(set(tiers)) or tiers[-1] != cache.max_len:
             raise ValueError(f"tiers={list(tiers)}: must be ascending, unique, and end at the cache "
                              f"length {cache.max_len}")
