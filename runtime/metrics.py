@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 
 from .counting import read_consistent
+from .phases import phase_totals
 from .state import EAGER_REASONS
 
 __all__ = ["METRICS", "MetricsHandle", "Samples", "register_coordinator_metrics",
@@ -56,6 +57,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_state_eager_steps": ("counter", "Draft steps the state ran eagerly."),
     "draftgraph_state_debug_checks": ("counter", "Debug comparisons (replay against eager) of the state."),
     "draftgraph_state_active": ("gauge", "1 for the active state, 0 for a candidate or a prepared reload."),
+    "draftgraph_phase_graphs": ("gauge", "Live graphs of a host phase (verify, extend), all states, sizes and tiers."),
+    "draftgraph_phase_graph_replays": ("counter", "Steps of a host phase replayed from its graphs."),
+    "draftgraph_phase_eager_steps": ("counter", "Steps of a host phase run eagerly, by reason."),
+    "draftgraph_phase_capture_seconds": ("counter", "Seconds spent capturing a host phase (compiling included)."),
+    "draftgraph_phase_graph_bytes": ("gauge", "Graph memory of a host phase's live graphs."),
     # engine
     "draftgraph_spec_decode_drafts": ("counter", "Drafts verified (one per request per verify step)."),
     "draftgraph_spec_decode_draft_tokens": ("counter", "Draft tokens verified."),
@@ -95,7 +101,7 @@ METRICS: dict[str, tuple[str, str]] = {
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RESERVED = {"num_steps", "num_draft_tokens", "topology", "size", "reason", "result", "position", "stage",
-             "rank", "active", "source"}
+             "rank", "active", "source", "phase"}
 
 
 class Samples:
@@ -283,6 +289,15 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
         add("draftgraph_state_eager_steps", sl, row[6])
         add("draftgraph_state_debug_checks", sl, row[7])
         add("draftgraph_state_active", sl, row[8])
+    phases = read_consistent(lambda: phase_totals(worker.live_states()))
+    for phase, t in sorted(phases.items()):
+        pl = {**labels, "phase": phase}
+        add("draftgraph_phase_graphs", pl, t["graphs"])
+        add("draftgraph_phase_graph_replays", pl, t["replays"])
+        for reason in sorted(set(EAGER_REASONS) | set(t["eager_steps_by_reason"])):
+            add("draftgraph_phase_eager_steps", {**pl, "reason": reason}, t["eager_steps_by_reason"].get(reason, 0))
+        add("draftgraph_phase_capture_seconds", pl, t["capture_s"])
+        add("draftgraph_phase_graph_bytes", pl, t["capture_bytes"])
 
 
 def read_sglang_handle(handle: Any, out: Samples, labels: dict[str, str]) -> None:

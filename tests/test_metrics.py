@@ -13,6 +13,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
@@ -95,10 +96,44 @@ def simulated():
     return registry, report
 
 
+def phased_worker():
+    """A worker whose states hold one host phase ("verify@8": a tiny step over x [rows, 4]),
+    captured with trace at sizes 1, 2, 4; one replay at b=2 and one eager step above the largest."""
+    from draftgraph.runtime.worker_base import GraphStep
+
+    def provider(spec, rows):
+        return {"verify@8": GraphStep(lambda x: x * 2 + 1, {"x": torch.zeros(rows, 4)}, {"x": 0})}
+
+    w = EagleDraftWorker(args_for(3), MODEL)
+    w.set_phase_provider(provider)
+    w.capture_graphs("trace")
+    phases = w.state.replayable_phases()
+    manager, plan = phases.lookup("verify@8", 2)
+    out = manager.replay_trusted(plan, (torch.ones(2, 4),))
+    assert torch.equal(out, torch.full((2, 4), 3.0))
+    miss = phases.lookup("verify@8", 5)
+    assert miss.reason == "above_max"
+    phases.count_eager("verify@8", miss.reason)
+    return w
+
+
+def test_phase_series_count_a_states_phases():
+    registry = CollectorRegistry()
+    w = phased_worker()
+    with register_worker_metrics(w, registry):
+        m = scrape(registry)
+    assert value(m, "draftgraph_phase_graphs", phase="verify") == 3
+    assert value(m, "draftgraph_phase_graph_replays", phase="verify") == 1
+    assert value(m, "draftgraph_phase_eager_steps", phase="verify", reason="above_max") == 1
+    assert value(m, "draftgraph_phase_eager_steps", phase="verify", reason="not_ready") == 0
+    assert value(m, "draftgraph_phase_capture_seconds", phase="verify") > 0
+
+
 def test_every_documented_series_is_exported_with_its_type(simulated):
     registry, _ = simulated
     coord = type("Coord", (), {"rank": 1, "stats": CoordinatorStats(polls=3)})()
-    with register_coordinator_metrics(coord, registry, labels={"job": "ranks"}):
+    with register_coordinator_metrics(coord, registry, labels={"job": "ranks"}), \
+            register_worker_metrics(phased_worker(), registry, labels={"job": "phases"}):
         got = types(registry)
     docs = documented()
     assert len(docs) >= 30
