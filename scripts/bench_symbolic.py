@@ -5,8 +5,9 @@ Builds two draft workers over the default models (chain S=3, k=1, sizes --sizes)
 per size (DRAFTGRAPH_COMPILE_SYMBOLIC=0), the second symbolic (=1), each capturing every size,
 then times each size's graph replay, both interleaved round by round. Prints one JSON line per
 size and a summary: capture seconds (record + compile + check, all sizes) for each route, the
-symbolic compile's own seconds, and symbolic/per-size replay time. The compiled-code store is off here. Run it with an empty
-``TORCHINDUCTOR_CACHE_DIR`` for cold figures. Not part of ``make bench`` (minutes of compiles).
+symbolic compile's own seconds, and symbolic/per-size replay time. The compiled-code store is
+off here. Run it with an empty ``TORCHINDUCTOR_CACHE_DIR`` for cold figures. Not part of
+``make bench`` (minutes of compiles).
 
     python -m scripts.bench_symbolic [--sizes 1,2,3,4,5,6,7,8] [--rounds 15]
 """
