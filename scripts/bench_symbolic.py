@@ -9,7 +9,7 @@ symbolic compile's own seconds, and symbolic/per-size replay time. The compiled-
 off here. Run it with an empty ``TORCHINDUCTOR_CACHE_DIR`` for cold figures. Not part of
 ``make bench`` (minutes of compiles).
 
-    python -m scripts.bench_symbolic [--sizes 1,2,3,4,5,6,7,8] [--rounds 15]
+    python -m scripts.bench_symbolic [--sizes 1,2,3,4,5,6,7,8] [--rounds 15] [--symbolic-only]
 """
 
 from __future__ import annotations
@@ -49,11 +49,20 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sizes", default="1,2,3,4,5,6,7,8")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--symbolic-only", action="store_true",
+                   help="capture the symbolic worker alone (its cold compile without the per-size kernels cached)")
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(","))
     torch.set_num_threads(1)
     os.environ["DRAFTGRAPH_COMPILED"] = "0"  # no stored code: the symbolic worker would load the per-size one's
     _, head = default_models(seed=0)
+    if a.symbolic_only:
+        sym, sym_s = _worker(head, sizes, symbolic=True)
+        backend = sym.state.graphs._backend
+        doc = {"sizes": sizes, "symbolic_capture_s": sym_s, "symbolic_compiles": backend.symbolic_compiles,
+               "symbolic_compile_s": backend.symbolic_compile_s, "symbolic_sizes": sorted(backend.symbolic_sizes)}
+        print(json.dumps(doc))
+        return doc
     per, per_s = _worker(head, sizes, symbolic=False)
     sym, sym_s = _worker(head, sizes, symbolic=True)
     backend = sym.state.graphs._backend
