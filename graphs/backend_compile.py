@@ -43,6 +43,7 @@ from torch import Tensor, fx
 
 from .aten_reductions import REWRITE_TAG, keep_aten_reductions, register_inductor_lowerings
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
+from .compile_symbolic import compile_symbolic, isolated_world, record_symbolic, symbolic_default, worlds_differ
 from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
 from .errors import GraphCaptureError
@@ -188,6 +189,13 @@ class CompileBackend(TraceBackend):
     ``compiler`` (`CompileWorker`) inductor runs in that process: this one records, loads the
     returned code and checks it; a compile process that dies fails the size
     (`GraphCaptureError`: it serves eager, counted) instead of falling back to the FX replay.
+
+    ``symbolic`` (default ``DRAFTGRAPH_COMPILE_SYMBOLIC=1``, off otherwise; `compile_symbolic`):
+    the first captured size also records the step once with a symbolic batch dimension and
+    compiles that once; every size then replays that one function, checked bitwise against its
+    own recording (a size that fails the check, or every size when the symbolic recording or
+    compile fails, compiles per size as without it). Such sizes are neither stored nor sent
+    to the compile process. ``symbolic_compiles`` / ``symbolic_sizes`` count them.
     """
 
     name = "compile"
@@ -195,8 +203,14 @@ class CompileBackend(TraceBackend):
     def __init__(self, rows: int, compile_fn: Callable[..., Any] | None = None,
                  check_speed: bool = False, store: CompiledStore | None = None,
                  constants: Mapping[str, Tensor] | None = None, structure: str | None = None,
-                 compiler: CompileWorker | None = None) -> None:
+                 compiler: CompileWorker | None = None, symbolic: bool | None = None) -> None:
         super().__init__(rows)
+        self.symbolic = symbolic_default() if symbolic is None else bool(symbolic)
+        self._symbolic: tuple[Any, tuple[Tensor, ...]] | None = None  # (compiled, its constants)
+        self._symbolic_failed: str | None = None
+        self.symbolic_compiles = 0
+        self.symbolic_compile_s = 0.0
+        self.symbolic_sizes: list[int] = []
         self.replay_engine = "fx"  # the recorded graph; the compiled runner replaces it per size
         self._compile_fn = compile_fn
         self.check_speed = check_speed  # "auto": time the replay against eager, keep the faster
@@ -356,8 +370,16 @@ class CompileBackend(TraceBackend):
         gm = graph.module
         start = time.perf_counter()
         modules_before = {id(m) for m in _loaded_modules()}
+        runner = None
+        if self.symbolic and self._compile_fn is None:
+            runner, why = self._symbolic_runner(fn, args if trace_args is None else trace_args, args, gm, size)
+            if runner is None:
+                logger.info("compile backend: size %d compiles on its own (%s)", size, why)
         try:
-            runner, reason = self._compiled_runner(gm, args, size)
+            if runner is None:
+                runner, reason = self._compiled_runner(gm, args, size)
+            else:
+                reason = None
         except CompileWorkerDied as exc:  # not the graph's fault: this size serves eager, counted
             graph.release()
             raise GraphCaptureError(f"size {size}: {exc}", size=size) from exc
@@ -379,7 +401,7 @@ class CompileBackend(TraceBackend):
             logger.debug("compile backend: size %d compiled in %.2f s", size, elapsed)
         if self.check_speed:
             self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
-        if runner is not None:
+        if runner is not None and not getattr(runner, "symbolic", False):
             self._save(graph, runner.compiled, runner.constants, runner.raw)
             if self._store is not None and self._compile_fn is None:
                 self._store.note_unit_seconds(time.perf_counter() - unit_start)
@@ -397,6 +419,8 @@ class CompileBackend(TraceBackend):
         else:
             lifted, constants = _lift_constants(graph.module)
             copies = _copies((*graph.inputs, *constants))
+            if graph.runner_constants is not None:  # a symbolic runner reads its own constants
+                copies = isolated_world((*graph.inputs, *graph.runner_constants))[0]
             replay = (lambda: compiled(*copies)) if compiled is not None else (lambda: lifted(*copies))
         with torch.no_grad():
             graph.replay_s = _median_seconds(replay)
@@ -405,6 +429,65 @@ class CompileBackend(TraceBackend):
         if graph.prefer_eager:
             logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
                         graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
+
+    def _symbolic_runner(self, fn: FlatStep, rec_args: tuple[Tensor, ...], args: tuple[Tensor, ...],
+                         gm: fx.GraphModule, size: int) -> tuple[Callable[..., Any] | None, str | None]:
+        """(runner, None) replaying the one symbolic compile over ``args`` when it equals ``gm``
+        (this size's recording) bitwise, else (None, why); records and compiles it on first use."""
+        if self._symbolic is None and self._symbolic_failed is None:
+            _use_cache_dir()
+            start = time.perf_counter()
+            try:
+                with _RECORD_LOCK, torch.no_grad():
+                    before = _fx_source_keys()
+                    try:
+                        sgm, fakes = record_symbolic(fn, rec_args, max(2, self._rows), size)
+                        lifted, constants = _lift_constants(sgm)
+                        exact, _ = keep_aten_reductions(lifted)
+                        compiled = compile_symbolic(exact, [*fakes, *constants])
+                    finally:
+                        _evict_fx_sources(_fx_source_keys() - before)
+            except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
+                self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
+                logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+                return None, self._symbolic_failed
+            self._symbolic = (compiled, constants)
+            self.symbolic_compiles += 1
+            self.symbolic_compile_s = time.perf_counter() - start
+            logger.info("compile backend: one symbolic compile in %.2f s", self.symbolic_compile_s)
+        if self._symbolic is None:
+            return None, self._symbolic_failed
+        compiled, constants = self._symbolic
+        inputs = (*args, *constants)
+        if _shares_storage(inputs):
+            return None, "two inputs of the symbolic graph share memory"
+        reference, own = _lift_constants(gm)
+        n, m = len(args), len(own)
+        try:
+            with _RECORD_LOCK, torch.no_grad():
+                snapshot, _ = isolated_world((*args, *own, *constants))  # one snapshot, copied twice
+                want_in, want_mem = isolated_world(snapshot[:n + m])
+                got_in, got_mem = isolated_world((*snapshot[:n], *snapshot[n + m:]))
+                want = reference(*want_in)
+                got = compiled(*got_in)
+        except Exception as exc:  # noqa: BLE001  # e.g. a guard the symbolic graph assumed
+            return None, f"symbolic replay failed at size {size}: {type(exc).__name__}: {exc}"
+        if isinstance(got, Tensor):
+            got = (got,)
+        why = _first_difference("output", tuple(want), tuple(got)) or worlds_differ(want_mem, got_mem)
+        if why is not None:
+            return None, f"symbolic replay differs from the FX replay at size {size}: {why}"
+
+        def run(*_: Tensor) -> Any:
+            with torch.no_grad():
+                return compiled(*inputs)
+
+        run.compiled = compiled  # type: ignore[attr-defined]
+        run.constants = constants  # type: ignore[attr-defined]
+        run.raw = None  # type: ignore[attr-defined]
+        run.symbolic = True  # type: ignore[attr-defined]
+        self.symbolic_sizes.append(size)
+        return run, None
 
     def _compiled_runner(self, gm: fx.GraphModule, args: tuple[Tensor, ...], size: int
                          ) -> tuple[Callable[..., Any] | None, str | None]:

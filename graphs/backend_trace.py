@@ -205,6 +205,13 @@ class TraceGraph:
         return getattr(self._runner, "compiled", None)
 
     @property
+    def runner_constants(self) -> tuple[Tensor, ...] | None:
+        """The constants a compiled runner reads when they are its own (a symbolic compile), else None."""
+        if getattr(self._runner, "symbolic", False):
+            return getattr(self._runner, "constants", None)
+        return None
+
+    @property
     def fresh(self) -> tuple[int, ...]:
         """Indices of the outputs copied into the shared static output buffers at each replay."""
         return tuple(i for i, _ in self._copies)

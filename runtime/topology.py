@@ -85,7 +85,11 @@ class VerifyConstants:
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def view(self, bs: int) -> tuple[torch.Tensor, ...]:
-        """(node_parents, tree_mask, retrieve_index, next_token, next_sibling), first bs rows."""
+        """(node_parents, tree_mask, retrieve_index, next_token, next_sibling), first bs rows
+        (a symbolic bs, recording one graph for every size, is sliced each time, not cached)."""
+        if isinstance(bs, torch.SymInt):
+            return (self.node_parents[:bs], self.tree_mask[:bs], self.retrieve_index[:bs],
+                    self.next_token[:bs], self.next_sibling[:bs])
         found = self._views.get(bs)
         if found is None:
             if not 1 <= bs <= self.capacity:
@@ -184,7 +188,10 @@ class TopologyBuffers:
 
         The view objects are cached per bs (a dict hit instead of two slices on the hot path);
         they are constants: read them, do not write to them or change their metadata in place.
+        A symbolic bs (recording one graph for every size) is sliced each time, not cached.
         """
+        if isinstance(bs, torch.SymInt):
+            return self.parents[:bs], self.score_indices[:bs]
         found = self._views.get(bs)
         if found is not None:
             return found

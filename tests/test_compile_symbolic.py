@@ -1,0 +1,100 @@
+"""The symbolic compile (opt-in, issue 30 item 1): one record and one inductor compile with a
+symbolic batch dimension serve every captured size, bitwise equal to the per-size compile;
+a size the symbolic code does not fit compiles on its own. Few, small compiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import draftgraph.graphs.backend_compile as compile_module
+from draftgraph.graphs import GraphCaptureManager
+from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile_symbolic import symbolic_default
+from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")]
+
+SIZES = (1, 2, 4)
+W = (torch.arange(12.0).reshape(4, 3) - 5) / 7
+
+
+def _step():
+    cache = torch.zeros(8, 3)
+
+    def step(x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.softmax(x @ W, dim=-1)
+        cache.index_add_(0, ids[:, 0] % 8, y)  # in-place write into a constant
+        x.mul_(0.5)  # in-place write into a static input
+        return y * 3, ids + 1
+
+    return step, cache
+
+
+def _manager(symbolic: bool, monkeypatch) -> tuple[GraphCaptureManager, torch.Tensor]:
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1" if symbolic else "0")
+    step, cache = _step()
+    m = GraphCaptureManager(step, {"x": torch.zeros(4, 4), "ids": torch.zeros(4, 2, dtype=torch.long)},
+                            SIZES, backend="compile", pad_values={"ids": 7})
+    m.capture()
+    return m, cache
+
+
+def test_the_switch_reads_0_or_1(monkeypatch):
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "yes")
+    with pytest.raises(ValueError, match="DRAFTGRAPH_COMPILE_SYMBOLIC"):
+        symbolic_default()
+    monkeypatch.delenv("DRAFTGRAPH_COMPILE_SYMBOLIC")
+    assert symbolic_default() is False
+
+
+def test_one_symbolic_compile_serves_every_size_bitwise_as_per_size(monkeypatch):
+    calls = []
+    real = compile_module.compile_symbolic
+    monkeypatch.setattr(compile_module, "compile_symbolic", lambda *a: calls.append(1) or real(*a))
+    sym, sym_cache = _manager(True, monkeypatch)
+    per, per_cache = _manager(False, monkeypatch)
+    backend = sym._backend  # noqa: SLF001  # the test reads the counters of the backend it made
+    assert len(calls) == 1 and backend.symbolic_compiles == 1
+    assert sorted(backend.symbolic_sizes) == list(SIZES) and backend.compile_s.keys() == set(SIZES)
+    assert all(sym.stats.sizes[b].engine == "inductor" for b in SIZES)
+    for b in (1, 2, 3, 4):  # 3 replays padded to 4
+        x = torch.randn(b, 4, generator=torch.Generator().manual_seed(b))
+        ids = torch.arange(2 * b).reshape(b, 2)
+        got = sym.run({"x": x.clone(), "ids": ids.clone()})
+        want = per.run({"x": x.clone(), "ids": ids.clone()})
+        for a, e in zip(got, want):
+            assert torch.equal(a, e), b
+    assert torch.equal(sym_cache, per_cache)
+    for name in ("x", "ids"):
+        assert torch.equal(sym.static_inputs[name], per.static_inputs[name])
+
+
+def test_a_failing_symbolic_record_compiles_per_size(monkeypatch):
+    def broken(*_):
+        raise RuntimeError("injected symbolic failure")
+
+    monkeypatch.setattr(compile_module, "record_symbolic", broken)
+    m, _ = _manager(True, monkeypatch)
+    backend = m._backend  # noqa: SLF001
+    assert backend.symbolic_compiles == 0 and backend.symbolic_sizes == []
+    assert all(m.stats.sizes[b].engine == "inductor" for b in SIZES)
+
+
+@pytest.mark.parametrize("k,n", [(1, None), (2, 6)])
+def test_eagle_worker_symbolic_equals_eager(k, n, monkeypatch):
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1")
+    args = RuntimeArgs(SpeculativeConfig(3, k, n), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))))
+    w = EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+    w.capture_graphs("compile")
+    stats = w.state.graphs.stats
+    assert all(stats.sizes[b].engine == "inductor" for b in (1, 2, 4))
+    backend = w.state.graphs._backend  # noqa: SLF001  # the counters of the backend it made
+    assert backend.symbolic_compiles == 1 and sorted(backend.symbolic_sizes) == [1, 2, 4]
+    ref = EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+    for b in (1, 3, 4):
+        inp = make_draft_input(b, k, seed=b)
+        for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
+            assert torch.equal(a, e), (k, b)
