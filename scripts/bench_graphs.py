@@ -46,7 +46,7 @@ def build(kind: str, device: str, backend: str, engine: str | None) -> tuple[Eag
 
 def organize_free_nodes(worker: EagleDraftWorker) -> dict[int, int | None]:
     """Node counts of the same chain step with the organize stage left out."""
-    step, static, pads = worker._graph_step(worker.state, SIZES[-1], organize=False)
+    step, static, pads = worker._graph_step(worker.state, SIZES[-1], organize=False)[:3]
     mgr = GraphCaptureManager(step, static, SIZES, backend=worker.state.graphs.backend_name,
                               pad_values=pads)
     mgr.capture()

@@ -80,7 +80,7 @@ def graph_nodes(spec: SpeculativeConfig, size: int) -> dict[str, int | None]:
     """Trace-backend nodes of the captured draft step, with and without its organize stage."""
     w = make_worker(spec, "cpu", capture=(size,))
     w.capture_graphs("trace")
-    step, static, pads = w._graph_step(w.state, size, organize=False)
+    step, static, pads = w._graph_step(w.state, size, organize=False)[:3]
     bare = GraphCaptureManager(step, static, (size,), backend="trace", pad_values=pads)
     bare.capture()
     out = {"nodes": w.state.graphs.node_count(size), "nodes_no_organize": bare.node_count(size)}
