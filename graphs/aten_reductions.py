@@ -38,10 +38,24 @@ REWRITE_TAG = "aten-reductions-1"  # part of a stored entry's key: code compiled
 _aten = torch.ops.aten
 _SOFTMAX = _aten._softmax.default  # noqa: SLF001  # ATen's operator names, not private members
 _LOG_SOFTMAX = _aten._log_softmax.default  # noqa: SLF001
-_LIB = torch.library.Library("draftgraph_aten", "DEF")  # defined once, at import
+
+
+def _defined() -> bool:
+    """True when this process already holds the library (an earlier import of this module, e.g.
+    one dropped from ``sys.modules`` and imported again: its registrations stay with torch)."""
+    try:
+        torch.ops.draftgraph_aten.sum.default  # noqa: B018  # the lookup is the test
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+_LIB = None if _defined() else torch.library.Library("draftgraph_aten", "DEF")  # once per process
 
 
 def _define(schema: str, impl: Callable[..., Tensor]) -> None:
+    if _LIB is None:  # defined by an earlier import: the same schemas and kernels
+        return
     name = schema.split("(", 1)[0]
     _LIB.define(schema)
     # CompositeExplicitAutograd covers every backend key, Meta included, so fake tensors
