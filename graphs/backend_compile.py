@@ -478,16 +478,8 @@ class CompileBackend(TraceBackend):
         if why is not None:
             return None, f"symbolic replay differs from the FX replay at size {size}: {why}"
 
-        def run(*_: Tensor) -> Any:
-            with torch.no_grad():
-                return compiled(*inputs)
-
-        run.compiled = compiled  # type: ignore[attr-defined]
-        run.constants = constants  # type: ignore[attr-defined]
-        run.raw = None  # type: ignore[attr-defined]
-        run.symbolic = True  # type: ignore[attr-defined]
         self.symbolic_sizes.append(size)
-        return run, None
+        return _runner(compiled, inputs, constants, None, symbolic=True), None
 
     def _compiled_runner(self, gm: fx.GraphModule, args: tuple[Tensor, ...], size: int
                          ) -> tuple[Callable[..., Any] | None, str | None]:
@@ -543,14 +535,7 @@ class CompileBackend(TraceBackend):
         if why is not None:
             return None, f"compiled replay differs from the FX replay at size {size}: {why}"
 
-        def run(*_: Tensor) -> Any:
-            with torch.no_grad():
-                return compiled(*inputs)
-
-        run.compiled = compiled  # type: ignore[attr-defined]
-        run.constants = constants  # type: ignore[attr-defined]
-        run.raw = raw  # type: ignore[attr-defined]
-        return run, None
+        return _runner(compiled, inputs, constants, raw), None
 
 
 def _loaded_modules() -> list[Any]:
@@ -647,3 +632,20 @@ def _load_artifact(raw: bytes) -> Callable[..., Any]:
         raise EntryError("artifact has trailing bytes")
     torch.compiler.load_cache_artifacts(body)
     return CacheCompiledArtifact._load_impl(contextlib.nullcontext(), key)  # noqa: SLF001  # its binary loader
+
+
+def _runner(compiled: Callable[..., Any], inputs: tuple[Tensor, ...], constants: Any, raw: bytes | None,
+            symbolic: bool = False) -> Callable[..., Any]:
+    """The replay of one size: ``compiled`` over its bound ``inputs`` (static views and lifted
+    constants), carrying what storing and timing it need (``compiled``, ``constants``, ``raw``
+    artifact bytes, ``symbolic``: the one code of every size)."""
+    def run(*_: Tensor) -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+
+    run.compiled = compiled  # type: ignore[attr-defined]
+    run.constants = constants  # type: ignore[attr-defined]
+    run.raw = raw  # type: ignore[attr-defined]
+    if symbolic:
+        run.symbolic = True  # type: ignore[attr-defined]
+    return run

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.runtime.models.greedy import greedy_generate, prefill
+from draftgraph.runtime.models.greedy import greedy_generate, prefill_batch
 
 __all__ = ["CompiledGreedy", "default_tiers"]
 
@@ -87,11 +87,7 @@ class CompiledGreedy:
             return greedy_generate(target, prompts, 1)  # no decode step: nothing to compile
         dev = target.embed.weight.device
         b = len(prompts)
-        cache = target.new_cache(b + 1)
-        out: list[list[int]] = []
-        for i, p in enumerate(prompts):
-            logits, _ = prefill(target, cache, i + 1, p)
-            out.append([int(logits[-1].argmax())])
+        cache, out = prefill_batch(target, prompts)
         lens_host = [len(p) for p in prompts]
         lens = torch.tensor(lens_host, device=dev)
         slots = torch.arange(1, b + 1, device=dev)

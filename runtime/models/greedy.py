@@ -8,7 +8,7 @@ import torch
 
 from .target import TargetModel
 
-__all__ = ["greedy_generate", "prefill"]
+__all__ = ["greedy_generate", "prefill", "prefill_batch"]
 
 
 def _check_prompts(model: TargetModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
@@ -41,6 +41,18 @@ def prefill(model: TargetModel, cache, slot: int, prompt: Sequence[int]
 
 
 @torch.no_grad()
+def prefill_batch(target: TargetModel, prompts: Sequence[Sequence[int]]) -> tuple[object, list[list[int]]]:
+    """A cache of one slot per prompt (slot i + 1; 0 is the dummy) with every prompt prefilled
+    one by one, and each prompt's first greedy token: (cache, [[token], ...])."""
+    cache = target.new_cache(len(prompts) + 1)
+    out: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        logits, _ = prefill(target, cache, i + 1, p)
+        out.append([int(logits[-1].argmax())])
+    return cache, out
+
+
+@torch.no_grad()
 def greedy_generate(target: TargetModel, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each.
@@ -49,11 +61,7 @@ def greedy_generate(target: TargetModel, prompts: Sequence[Sequence[int]],
     _check_prompts(target, prompts, max_new_tokens)
     dev = target.embed.weight.device
     b = len(prompts)
-    cache = target.new_cache(b + 1)
-    out: list[list[int]] = []
-    for i, p in enumerate(prompts):
-        logits, _ = prefill(target, cache, i + 1, p)
-        out.append([int(logits[-1].argmax())])
+    cache, out = prefill_batch(target, prompts)
     lens = torch.tensor([len(p) for p in prompts], device=dev)
     slots = torch.arange(1, b + 1, device=dev)
     last = torch.tensor([o[0] for o in out], device=dev)
