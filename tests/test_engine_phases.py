@@ -240,3 +240,10 @@ def test_the_multi_layer_draft_graphs_its_verify():
         assert st["verify"]["replays"] > 0 and "extend" not in st
     finally:
         engine.close()
+
+
+def test_a_phase_provider_must_be_callable(make_worker):
+    worker = make_worker(backend=None)
+    with pytest.raises(TypeError, match="provider=5: must be callable"):
+        worker.set_phase_provider(5)
+    assert worker.phase_provider is None  # nothing half-set
