@@ -92,3 +92,67 @@ def test_old_rounds_are_deleted_in_the_background(server, monkeypatch):
     leader._gc.join(timeout=5.0)
     check = a._store.check
     assert not check(["round/0"]) and not check(["round/1"]) and check(["round/8"])
+
+
+class _DropsVoteAfterSeen(dist.Store):
+    """A HashStore where one vote key vanishes right after the leader's first read of it that
+    follows its wait: the voter timed out on the decision, decided itself and dropped its vote
+    in that window (the race CI met: the leader's blocking get then failed the whole reload)."""
+
+    armed = False
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.inner, self.key = dist.HashStore(), key
+        self.inner.set_timeout(timedelta(seconds=2))
+
+    def set(self, k, v):
+        self.inner.set(k, v)
+
+    def get(self, k):
+        return self._then_drop(k, self.inner.get, k)
+
+    def add(self, k, n):
+        return self.inner.add(k, n)
+
+    def compare_set(self, k, e, d):
+        return self._then_drop(k, self.inner.compare_set, k, e, d)
+
+    def delete_key(self, k):
+        return self.inner.delete_key(k)
+
+    def num_keys(self):
+        return self.inner.num_keys()
+
+    def set_timeout(self, t):
+        self.inner.set_timeout(t)
+
+    def check(self, keys):
+        return self._then_drop(keys[0] if len(keys) == 1 else None, self.inner.check, keys)
+
+    def wait(self, keys, timeout=None):
+        self.inner.wait(keys, timeout) if timeout is not None else self.inner.wait(keys)
+        self.armed = self.armed or self.key in keys
+
+    def _then_drop(self, k, op, *args):
+        out = op(*args)
+        if self.armed and k == self.key:
+            self.armed = False
+            self.inner.delete_key(k)
+        return out
+
+
+def test_a_vote_dropped_while_the_leader_reads_it_neither_blocks_nor_fails_the_reload():
+    store = _DropsVoteAfterSeen("t//vote/1/1")  # PrefixStore joins namespace and key with "/"
+    leader, one = (RankProtocol(store, "t/", r, 2, 0.5) for r in range(2))
+    leader.vote(1, None)
+    one.vote(1, None)
+    assert leader.collect_votes(1) == ({0: None, 1: None}, ())  # read in one atomic step
+
+
+def test_peek_reads_without_blocking_and_never_creates_the_key(server):
+    (p,) = ranks(server, 1, timeout_s=5.0)
+    assert p.peek("nothing") is None
+    assert not server.check(["t//nothing"])
+    p.vote(3, "oops")
+    assert p.peek("vote/3/0") is not None and rp.wire.decode_vote("k", p.peek("vote/3/0")) == "oops"

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 FREE = b"-"  # the proposal slot holds no proposal
 _MARK = b"P"  # a proposer's mark on a round: the leader must look at the proposal slot
+_ABSENT = b"\x00absent"  # expected value of `peek`: no rank writes it (every value is ASCII)
 _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
 _GC_BATCH = 256  # rounds deleted per background batch
 
@@ -125,6 +126,14 @@ class RankProtocol:
             return self._store.get(key)
         except (RuntimeError, dist.DistError) as exc:
             raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
+
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or None when it is absent; never blocks.
+
+        One atomic ``compare_set`` with an expected value no rank writes: c10d stores return the
+        current value when the key exists and the expected value (without writing) when not."""
+        raw = self._store.compare_set(key, _ABSENT, _ABSENT)
+        return None if raw == _ABSENT else raw
 
     # ---- rounds (poll mode) ------------------------------------------------------------------
     def open_round(self, r: int, word: tuple[int, ...]) -> bool:
@@ -226,12 +235,14 @@ class RankProtocol:
         for r, key in keys.items():
             if r in missing:
                 continue
-            # a voter that timed out waiting for our decision decided itself and dropped its vote:
-            # skip it (reading a deleted key would block for the whole store timeout)
-            if not self._store.check([key]):
+            # a voter that timed out waiting for our decision decided itself and dropped its vote,
+            # possibly between any check and a get (which would then block for the store's whole
+            # timeout and fail): read without blocking, in one round trip, and skip it when gone
+            raw = self.peek(key)
+            if raw is None:
                 continue
             try:
-                votes[r] = wire.decode_vote(key, self._store.get(key))
+                votes[r] = wire.decode_vote(key, raw)
             except ProtocolError as exc:
                 votes[r] = f"malformed vote: {exc}"
         return votes, missing
