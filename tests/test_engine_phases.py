@@ -247,3 +247,81 @@ def test_a_phase_provider_must_be_callable(make_worker):
     with pytest.raises(TypeError, match="provider=5: must be callable"):
         worker.set_phase_provider(5)
     assert worker.phase_provider is None  # nothing half-set
+
+
+def _steps(spans) -> list[tuple[dict, list[dict]]]:
+    """Per step: its ``served`` range and the ``phase`` ranges that follow it."""
+    out: list[tuple[dict, list[dict]]] = []
+    for name, attrs in spans:
+        if name == "served":
+            out.append((attrs, []))
+        elif name == "phase" and out:
+            out[-1][1].append(attrs)
+    return out
+
+
+def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_width():
+    """A schedule band at S = 0 has a target-only state whose verify and extend graphs are width
+    1; its steps replay them (padded to the band's size), the drafting band's steps replay their
+    own width-N graphs, across switches both ways, and every output is the greedy one."""
+    target, head = models("eagle")
+    # bands: 1-2 requests draft S = 3 (graphs at 2), 3+ plain target steps (graphs at 4)
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=6), target, head,
+                              backend="trace", capture="blocking", graph_phases=PHASES, kv_tiers=(512,),
+                              schedule="1:3,3:0")
+    try:
+        plain = engine.policy.targets[1]
+        drafting = engine.policy.controllers[0].states[3]
+        assert plain.target_only and plain.capture_sizes == (4,) and plain.graphs is None
+        assert plain.phases.managers["verify@512"].static_inputs["tokens"].shape == (4, 1)
+        assert plain.phases.managers["extend@512"].static_inputs["path"].shape == (4, 1)
+        assert drafting.phases.managers["verify@512"].static_inputs["tokens"].shape == (2, 4)
+        ps = [list(p) for p in prompts()[:6]]
+        news = [6, 30, 10, 14, 18, 22]
+        with record_spans() as spans:
+            ids = [engine.add_request(ps[i], news[i]) for i in range(2)]
+            for _ in range(3):  # two requests: S = 3
+                engine.step()
+            ids += [engine.add_request(ps[i], news[i]) for i in range(2, 6)]
+            while engine.has_work():  # 5, then fewer: S = 0, then S = 3 again
+                engine.step()
+        want = [greedy_generate(target, [p], n)[0] for p, n in zip(ps, news)]
+        assert [engine.pop_result(i) for i in ids] == want
+        steps = _steps(spans)
+        s0 = [(served, ran) for served, ran in steps if served["S"] == 0]
+        s3 = [(served, ran) for served, ran in steps if served["S"] == 3]
+        assert s0 and s3 and steps[0][0]["S"] == 3 and steps[-1][0]["S"] == 3  # both ways
+        for served, ran in s0:
+            assert [a["phase"] for a in ran] == ["verify@512", "extend@512"] or served["bs"] > 4
+            for a in ran:
+                if served["bs"] <= 4:
+                    assert (a["mode"], a["padded"]) == ("graph", 4), (served, a)
+                else:
+                    assert (a["mode"], a["reason"]) == ("eager", "above_max"), (served, a)
+        for _, ran in s3:
+            assert all(a["mode"] == "graph" and a["padded"] == 2 for a in ran if a["phase"] == "verify@512")
+        # each state's replays are its own band's steps: neither replayed the other's width
+        plain_steps = sum(1 for served, _ in s0 if served["bs"] <= 4)
+        draft_steps = sum(1 for served, _ in s3 if served["bs"] <= 2)
+        assert plain_steps > 0 and any(served["bs"] > 4 for served, _ in s0)
+        assert plain.phases.describe()["verify@512"]["replays"] == plain_steps
+        assert drafting.phases.describe()["verify@512"]["replays"] == draft_steps
+        st = engine.stats()["phases"]
+        assert st["verify"]["replays"] == plain_steps + draft_steps
+        assert st["verify"]["eager_steps_by_reason"]["above_max"] == len(s0) - plain_steps
+
+        # without its target-only state, the S = 0 band's steps run with the drafting state
+        # active: eager, never its width-N graphs
+        engine.policy.targets[1] = None
+        before = {"plain": plain.phases.describe()["verify@512"]["replays"],
+                  "drafting": drafting.phases.describe()["verify@512"]["replays"]}
+        with record_spans() as spans:
+            assert engine.generate(ps[:4], 6) == [greedy_generate(target, [p], 6)[0] for p in ps[:4]]
+        steps = _steps(spans)
+        assert any(served["S"] == 0 for served, _ in steps)
+        assert all(not ran for served, ran in steps if served["S"] == 0)  # no phase at all
+        assert plain.phases.describe()["verify@512"]["replays"] == before["plain"]
+        assert drafting.phases.describe()["verify@512"]["replays"] == before["drafting"] + sum(
+            1 for served, _ in steps if served["S"] == 3)
+    finally:
+        engine.close()
