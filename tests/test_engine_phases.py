@@ -5,6 +5,7 @@ the state; a failed phase serves eager and the others keep their graphs."""
 from __future__ import annotations
 
 import pytest
+import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
 from draftgraph.graphs import backend_trace, record_spans
@@ -325,3 +326,53 @@ def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_widt
             1 for served, _ in steps if served["S"] == 3)
     finally:
         engine.close()
+
+
+def _drafted(engine: SpecDecodeEngine, ps: list[list[int]], new: int) -> tuple[list[list[int]], list]:
+    """Serve ``ps``: (outputs, the draft tokens of every step, in order)."""
+    drafts: list = []
+    draft = engine.drafter.draft
+
+    def recording(slots, batch):
+        out = draft(slots, batch)
+        drafts.append(out.draft_tokens.tolist())  # a replay's outputs are views: read them now
+        return out
+
+    engine.drafter.draft = recording
+    try:
+        return engine.generate(ps, new), drafts
+    finally:
+        del engine.drafter.draft
+
+
+def test_a_draft_refit_reaches_the_captured_extend_graphs():
+    """`update_draft_weights` copies in place: the next steps' drafts, whose inputs come from the
+    captured extend graphs and whose tokens from the captured draft step, are those of an eager
+    engine refit with the same weights, and not the drafts of the weights before."""
+    target, head = models("eagle")
+    gen = torch.Generator().manual_seed(3)
+    refit = {k: v + v.float().std() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+             for k, v in head.state_dict().items()}
+    args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=4)
+    graphed = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
+                               kv_tiers=(512,), acceptance_watch=None)
+    eager = SpecDecodeEngine(args, target, head, backend="eager", acceptance_watch=None)
+    try:
+        ps = [list(p) for p in prompts()[:4]]
+        want = greedy_generate(target, ps, 16)
+        outs, before = _drafted(graphed, ps, 16)
+        assert outs == want
+        assert graphed.update_draft_weights(refit) == 1
+        assert eager.update_draft_weights(refit) == 1
+        extend = graphed.worker.state.phases.managers["extend@512"]
+        replays = extend.stats.replays
+        outs, after = _drafted(graphed, ps, 16)
+        assert outs == want
+        assert extend.stats.replays > replays  # the extend graph served the refit steps
+        eager_outs, eager_after = _drafted(eager, ps, 16)
+        assert eager_outs == want
+        assert after == eager_after  # the graphs drafted with the new weights, as eager did
+        assert after != before  # and the new weights draft otherwise than the old ones
+    finally:
+        graphed.close()
+        eager.close()
