@@ -13,6 +13,7 @@ from draftgraph.graphs.backend_compile import compiler_available
 from draftgraph.runtime import SpeculativeConfig, stored_steps
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.engine.limits import MAX_VERIFY_WIDTH
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.greedy import greedy_generate
 from draftgraph.runtime.worker_base import GraphStep
@@ -80,29 +81,35 @@ def test_each_phase_captured_per_size_width_and_tier_and_lossless():
         engine.close()
 
 
-def test_lengths_across_tiers_replay_without_a_new_capture():
-    target, _ = models("eagle")
-    engine = _engine(SpeculativeConfig(3, 1))
+def test_lengths_up_to_the_cache_cross_every_tier_without_a_new_capture():
+    """Windows (length + N) from the first token to the longest request admission allows cross
+    every default tier boundary (128, 256, 512): each tier's graphs replay, none is captured
+    again, no step falls back to eager, and the outputs are greedy's. One token more than the
+    cache allows is refused at admission."""
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(1,), running=1), target, head,
+                              backend="trace", capture="blocking", graph_phases=PHASES)
     try:
         phases = engine.worker.state.phases
+        assert set(phases.names) == {f"{p}@{lk}" for p in PHASES for lk in (128, 256, 512)}
         captures = {n: m.stats.captures for n, m in phases.managers.items()}
-        short, long_ = [5, 9, 13], [(7 * i) % 250 + 1 for i in range(200)]  # windows in tier 128 and 512
-        for prompt in (short, long_):  # a batch's tier is its longest request's
-            assert engine.generate([prompt], 20) == greedy_generate(target, [prompt], 20)
+        text = [t for p in prompts() for t in p]  # the held-out prompts, back to back
+        room = target.cfg.max_len - MAX_VERIFY_WIDTH  # admission keeps this much for a request
+        # (prompt, new tokens): the first token; windows across 128; across 256; the last one admitted
+        cases = [(1, 12), (118, 16), (246, 16), (room - 40, 40)]
+        with record_spans() as spans:
+            for n, new in cases:
+                prompt = text[:n]
+                assert engine.generate([prompt], new) == greedy_generate(target, [prompt], new), n
+        ran = [a for name, a in spans if name == "phase"]
+        assert ran and all(a["mode"] == "graph" for a in ran)  # every length served by a graph
         figures = phases.describe()
-        assert figures["verify@128"]["replays"] > 0 and figures["verify@512"]["replays"] > 0
-        assert figures["extend@512"]["replays"] > 0
+        for name in phases.names:
+            assert figures[name]["replays"] > 0, name
         assert {n: m.stats.captures for n, m in phases.managers.items()} == captures  # none recaptured
-    finally:
-        engine.close()
-
-
-def test_a_request_past_the_cache_is_refused_at_admission():
-    engine = _engine(SpeculativeConfig(3, 1))
-    try:
-        with pytest.raises(ValueError, match="max_len"):
-            engine.add_request([1] * 500, 20)
-        assert _run(engine) == reference()  # nothing half-admitted
+        with pytest.raises(ValueError, match="max_len=512"):
+            engine.add_request(text[:room - 40 + 1], 40)  # one position past the cache's room
+        assert not engine.has_work()  # nothing half-admitted
     finally:
         engine.close()
 
