@@ -138,20 +138,23 @@ def test_a_switch_replays_the_verify_graph_of_the_new_width():
 @pytest.mark.slow
 def test_reload_and_a_target_only_band_stay_lossless():
     target, head = models("eagle")
-    # S = 0 from 5 requests on: plain target steps (eager, width 1) beside graphed speculative ones
-    args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=6)
+    # S = 0 from 5 requests on: plain target steps (width-1 graphs at 8) beside graphed speculative ones
+    args = engine_args(SpeculativeConfig(3, 1), bs=(4, 8), running=6)
     engine = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
                               kv_tiers=TIERS, schedule="1:3,5:0")
     try:
         ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()]
         for _ in range(5):
             engine.step()
-        engine.request_reload(engine_args(SpeculativeConfig(2, 1), bs=(4,), running=6, schedule=None))
+        plain = engine.policy.targets[1]
+        assert engine.worker.state is plain and plain.phases.describe()["verify@128"]["replays"] == 5
+        engine.request_reload(engine_args(SpeculativeConfig(2, 1), bs=(4, 8), running=6, schedule=None))
         while engine.has_work():
             engine.step()
         assert [engine.result(i) for i in ids] == reference()
         assert engine.stats()["reloads"]["applied"] == 1
-        assert engine.stats()["phases"]["verify"]["replays"] > 0
+        assert plain.phases is None  # the reload released the state it replaced
+        assert engine.policy.targets[1].phases.describe()["verify@128"]["replays"] > 0  # the new one's
     finally:
         engine.close()
 
