@@ -287,6 +287,8 @@ def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_widt
         assert plain.phases.managers["verify@512"].static_inputs["tokens"].shape == (4, 1)
         assert plain.phases.managers["extend@512"].static_inputs["path"].shape == (4, 1)
         assert drafting.phases.managers["verify@512"].static_inputs["tokens"].shape == (2, 4)
+        assert [(s["num_steps"], s["num_draft_tokens"]) for s in engine.startup()["states"]
+                if s.get("target_only")] == [(0, 1)]
         ps = [list(p) for p in prompts()[:6]]
         news = [6, 30, 10, 14, 18, 22]
         with record_spans() as spans:
