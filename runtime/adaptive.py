@@ -86,7 +86,7 @@ class AdaptiveStepController:
     def _reusable(self, state: RuntimeState, s: int, n: int | None) -> bool:
         """True when the worker's active state is exactly candidate (S, N) with the capture sizes
         the controller would give it (so one configuration is not captured twice)."""
-        if state.generation != self.worker.generation or state.spec.num_steps != s:
+        if state.target_only or state.generation != self.worker.generation or state.spec.num_steps != s:
             return False
         if n is not None and state.spec.num_draft_tokens != n:
             return False

@@ -254,12 +254,14 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
         add("draftgraph_reload_requests", labels, log.requested)
     active = worker.state
     add("draftgraph_generation", labels, worker.generation)
-    add("draftgraph_active_num_steps", labels, active.spec.num_steps)
-    add("draftgraph_active_num_draft_tokens", labels, active.spec.num_draft_tokens)
+    plain = getattr(active, "target_only", False)  # a plain target step's state: S = 0, width 1
+    add("draftgraph_active_num_steps", labels, 0 if plain else active.spec.num_steps)
+    add("draftgraph_active_num_draft_tokens", labels, 1 if plain else active.spec.num_draft_tokens)
     merged: dict[tuple[str, str, str], list[Any]] = {}
     for state in worker.live_states():
         spec = state.spec
-        key = (str(spec.num_steps), str(spec.num_draft_tokens), _topology_kind(spec))
+        key = (("0", "1", "target_only") if getattr(state, "target_only", False) else
+               (str(spec.num_steps), str(spec.num_draft_tokens), _topology_kind(spec)))
         st = read_consistent(lambda s=state: s.stats)
         debug = state.replays.debug_checks
         rows = read_consistent(lambda s=state: sum(size * u.replays for size, u in list(s.replays.sizes.items())))

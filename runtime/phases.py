@@ -28,9 +28,11 @@ __all__ = ["PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
 
 class PhaseProvider(Protocol):
     """``provider(spec, max_size)`` -> phase name -> `GraphStep` (step, static inputs with
-    ``max_size`` rows, pad values); an empty mapping when the host has no phase for ``spec``."""
+    ``max_size`` rows, pad values); an empty mapping when the host has no phase for ``spec``.
+    ``spec`` None: the phases of a plain target step (S = 0, nothing drafted; a worker's
+    `build_target_state`)."""
 
-    def __call__(self, spec: SpeculativeConfig, max_size: int) -> Mapping[str, Any]: ...
+    def __call__(self, spec: SpeculativeConfig | None, max_size: int) -> Mapping[str, Any]: ...
 
 
 @dataclass

@@ -117,11 +117,16 @@ class RuntimeState:
     ``graph_spec`` is the configuration the graphs were captured for: a state whose ``spec`` was
     changed behind its back (a raw attribute write on the worker) no longer replays them, and
     its buffers no longer match (`static_buffers`).
+
+    ``target_only``: the state of a plain target step (S = 0, nothing drafted): no draft graphs
+    and no topology buffers, only the host's phases of a step that drafts nothing (verify and
+    extend at width 1); ``spec`` is the configuration it was built under, not one it drafts.
     """
 
     def __init__(self, spec: SpeculativeConfig, capture_sizes: tuple[int, ...],
-                 topology_buffers: TopologyBuffers | None, owner: object) -> None:
+                 topology_buffers: TopologyBuffers | None, owner: object, target_only: bool = False) -> None:
         self.spec = spec
+        self.target_only = bool(target_only)
         self.capture_sizes = tuple(capture_sizes)
         self.counts = StepCounts()
         self.replays = ReplayCounters()  # handed to every graph manager this state captures
@@ -220,7 +225,8 @@ class RuntimeState:
     def describe(self) -> dict[str, Any]:
         """Summary for logs and JSON."""
         return {
-            "num_steps": self.spec.num_steps,
+            "target_only": self.target_only,
+            "num_steps": 0 if self.target_only else self.spec.num_steps,
             "topk": self.spec.topk,
             "num_draft_tokens": self.spec.num_draft_tokens,
             "tree_choices": self.spec.tree_choices,
@@ -232,5 +238,7 @@ class RuntimeState:
 
     def __repr__(self) -> str:
         s = self.spec
+        if self.target_only:
+            return f"RuntimeState(S=0 target only, sizes={len(self.capture_sizes)})"
         return (f"RuntimeState(S={s.num_steps}, k={s.topk}, N={s.num_draft_tokens}, "
                 f"sizes={len(self.capture_sizes)}, graphs={self.has_graphs})")

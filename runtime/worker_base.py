@@ -173,14 +173,19 @@ class EagleDraftWorkerBase(ReloadMixin):
         return self._topology_cache.get(topology, chain_capacity(args), args.device)
 
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
-                   args: RuntimeArgs | None = None, generation: int | None = None) -> RuntimeState:
+                   args: RuntimeArgs | None = None, generation: int | None = None,
+                   target_only: bool = False) -> RuntimeState:
         """A complete state for ``spec`` with its buffers, counted in this worker's figures;
         graphs are captured separately. Every state is built here, after the memory check
-        (`_check_budget`): ValueError, nothing allocated, when it is over the budget."""
+        (`_check_budget`): ValueError, nothing allocated, when it is over the budget.
+        ``target_only``: a plain target step's state (no draft graphs, no topology buffers, so
+        the draft state's budget does not apply)."""
         args = args or self.slot.args
-        self._check_budget(spec, capture_bs, args)
-        state = RuntimeState(spec, self._capture_sizes(capture_bs, args), self._buffers_for(spec, args),
-                             self._token)
+        if not target_only:
+            self._check_budget(spec, capture_bs, args)
+        buffers = None if target_only else self._buffers_for(spec, args)
+        state = RuntimeState(spec, self._capture_sizes(capture_bs, args), buffers, self._token,
+                             target_only=target_only)
         state.generation = self.slot.generation if generation is None else generation
         self._ledger.track(state)
         return state
@@ -299,7 +304,8 @@ class EagleDraftWorkerBase(ReloadMixin):
         phases = PhaseGraphs()
         compiled = resolve_backend(backend, self.device) == "compile"
         elsewhere = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
-        for name, graph_step in provider(state.spec, max(state.capture_sizes)).items():
+        spec = None if state.target_only else state.spec  # None: a step that drafts nothing
+        for name, graph_step in provider(spec, max(state.capture_sizes)).items():
             stored = None
             if compiled and graph_step.constants is not None:
                 stored = phase_stored_code(name, graph_step.structure, graph_step.constants,
@@ -343,7 +349,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         the draft step ``state`` keeps what it had and the error propagates."""
         if not state.capture_sizes:
             return state
-        if self.captures_graphs:
+        if self.captures_graphs and not state.target_only:
             manager = self._new_manager(state, backend)
             start = time.perf_counter()
             manager.capture()
@@ -363,7 +369,7 @@ class EagleDraftWorkerBase(ReloadMixin):
         step); until a size is ready its steps run eager ("not_ready")."""
         if not state.capture_sizes:
             return state
-        if self.captures_graphs:
+        if self.captures_graphs and not state.target_only:
             manager = self._new_manager(state, backend, background=True)
             manager.begin()
             start = time.perf_counter()
@@ -482,6 +488,20 @@ class EagleDraftWorkerBase(ReloadMixin):
         spec = self._spec_for(num_steps, num_draft_tokens, topk, tree_choices)
         with self.slot.lock:
             state = self._new_state(spec, capture_bs)
+            if background:
+                return self._queue_capture(state, backend)
+            return self._capture_into(state, backend)
+
+    def build_target_state(self, capture_bs: Sequence[int], backend: str = "auto", *,
+                           background: bool = False) -> RuntimeState:
+        """Build and capture the state of a plain target step (S = 0: nothing drafted) at
+        ``capture_bs``: no draft graphs, only the host's phases for a step that drafts nothing
+        (the provider called with spec None: the engine's verify and extend at width 1). A host
+        that serves S = 0 makes it active (`apply_runtime_state`) for those steps, so a width-1
+        step never reads a drafting state's width-N graphs, nor the reverse. Without a phase
+        provider it holds no graphs. ``background=True`` queues its capture (see `capture_graphs`)."""
+        with self.slot.lock:
+            state = self._new_state(self.slot.args.speculative, capture_bs, target_only=True)
             if background:
                 return self._queue_capture(state, backend)
             return self._capture_into(state, backend)

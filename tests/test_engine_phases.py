@@ -5,6 +5,7 @@ the state; a failed phase serves eager and the others keep their graphs."""
 from __future__ import annotations
 
 import pytest
+import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
 from draftgraph.graphs import backend_trace, record_spans
@@ -12,6 +13,7 @@ from draftgraph.graphs.backend_compile import compiler_available
 from draftgraph.runtime import SpeculativeConfig, stored_steps
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.engine.limits import MAX_VERIFY_WIDTH
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.greedy import greedy_generate
 from draftgraph.runtime.worker_base import GraphStep
@@ -79,29 +81,35 @@ def test_each_phase_captured_per_size_width_and_tier_and_lossless():
         engine.close()
 
 
-def test_lengths_across_tiers_replay_without_a_new_capture():
-    target, _ = models("eagle")
-    engine = _engine(SpeculativeConfig(3, 1))
+def test_lengths_up_to_the_cache_cross_every_tier_without_a_new_capture():
+    """Windows (length + N) from the first token to the longest request admission allows cross
+    every default tier boundary (128, 256, 512): each tier's graphs replay, none is captured
+    again, no step falls back to eager, and the outputs are greedy's. One token more than the
+    cache allows is refused at admission."""
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(1,), running=1), target, head,
+                              backend="trace", capture="blocking", graph_phases=PHASES)
     try:
         phases = engine.worker.state.phases
+        assert set(phases.names) == {f"{p}@{lk}" for p in PHASES for lk in (128, 256, 512)}
         captures = {n: m.stats.captures for n, m in phases.managers.items()}
-        short, long_ = [5, 9, 13], [(7 * i) % 250 + 1 for i in range(200)]  # windows in tier 128 and 512
-        for prompt in (short, long_):  # a batch's tier is its longest request's
-            assert engine.generate([prompt], 20) == greedy_generate(target, [prompt], 20)
+        text = [t for p in prompts() for t in p]  # the held-out prompts, back to back
+        room = target.cfg.max_len - MAX_VERIFY_WIDTH  # admission keeps this much for a request
+        # (prompt, new tokens): the first token; windows across 128; across 256; the last one admitted
+        cases = [(1, 12), (118, 16), (246, 16), (room - 40, 40)]
+        with record_spans() as spans:
+            for n, new in cases:
+                prompt = text[:n]
+                assert engine.generate([prompt], new) == greedy_generate(target, [prompt], new), n
+        ran = [a for name, a in spans if name == "phase"]
+        assert ran and all(a["mode"] == "graph" for a in ran)  # every length served by a graph
         figures = phases.describe()
-        assert figures["verify@128"]["replays"] > 0 and figures["verify@512"]["replays"] > 0
-        assert figures["extend@512"]["replays"] > 0
+        for name in phases.names:
+            assert figures[name]["replays"] > 0, name
         assert {n: m.stats.captures for n, m in phases.managers.items()} == captures  # none recaptured
-    finally:
-        engine.close()
-
-
-def test_a_request_past_the_cache_is_refused_at_admission():
-    engine = _engine(SpeculativeConfig(3, 1))
-    try:
-        with pytest.raises(ValueError, match="max_len"):
-            engine.add_request([1] * 500, 20)
-        assert _run(engine) == reference()  # nothing half-admitted
+        with pytest.raises(ValueError, match="max_len=512"):
+            engine.add_request(text[:room - 40 + 1], 40)  # one position past the cache's room
+        assert not engine.has_work()  # nothing half-admitted
     finally:
         engine.close()
 
@@ -130,20 +138,23 @@ def test_a_switch_replays_the_verify_graph_of_the_new_width():
 @pytest.mark.slow
 def test_reload_and_a_target_only_band_stay_lossless():
     target, head = models("eagle")
-    # S = 0 from 5 requests on: plain target steps (eager, width 1) beside graphed speculative ones
-    args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=6)
+    # S = 0 from 5 requests on: plain target steps (width-1 graphs at 8) beside graphed speculative ones
+    args = engine_args(SpeculativeConfig(3, 1), bs=(4, 8), running=6)
     engine = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
                               kv_tiers=TIERS, schedule="1:3,5:0")
     try:
         ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()]
         for _ in range(5):
             engine.step()
-        engine.request_reload(engine_args(SpeculativeConfig(2, 1), bs=(4,), running=6, schedule=None))
+        plain = engine.policy.targets[1]
+        assert engine.worker.state is plain and plain.phases.describe()["verify@128"]["replays"] == 5
+        engine.request_reload(engine_args(SpeculativeConfig(2, 1), bs=(4, 8), running=6, schedule=None))
         while engine.has_work():
             engine.step()
         assert [engine.result(i) for i in ids] == reference()
         assert engine.stats()["reloads"]["applied"] == 1
-        assert engine.stats()["phases"]["verify"]["replays"] > 0
+        assert plain.phases is None  # the reload released the state it replaced
+        assert engine.policy.targets[1].phases.describe()["verify@128"]["replays"] > 0  # the new one's
     finally:
         engine.close()
 
@@ -247,3 +258,133 @@ def test_a_phase_provider_must_be_callable(make_worker):
     with pytest.raises(TypeError, match="provider=5: must be callable"):
         worker.set_phase_provider(5)
     assert worker.phase_provider is None  # nothing half-set
+
+
+def _steps(spans) -> list[tuple[dict, list[dict]]]:
+    """Per step: its ``served`` range and the ``phase`` ranges that follow it."""
+    out: list[tuple[dict, list[dict]]] = []
+    for name, attrs in spans:
+        if name == "served":
+            out.append((attrs, []))
+        elif name == "phase" and out:
+            out[-1][1].append(attrs)
+    return out
+
+
+def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_width():
+    """A schedule band at S = 0 has a target-only state whose verify and extend graphs are width
+    1; its steps replay them (padded to the band's size), the drafting band's steps replay their
+    own width-N graphs, across switches both ways, and every output is the greedy one."""
+    target, head = models("eagle")
+    # bands: 1-2 requests draft S = 3 (graphs at 2), 3+ plain target steps (graphs at 4)
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=6), target, head,
+                              backend="trace", capture="blocking", graph_phases=PHASES, kv_tiers=(512,),
+                              schedule="1:3,3:0")
+    try:
+        plain = engine.policy.targets[1]
+        drafting = engine.policy.controllers[0].states[3]
+        assert plain.target_only and plain.capture_sizes == (4,) and plain.graphs is None
+        assert plain.phases.managers["verify@512"].static_inputs["tokens"].shape == (4, 1)
+        assert plain.phases.managers["extend@512"].static_inputs["path"].shape == (4, 1)
+        assert drafting.phases.managers["verify@512"].static_inputs["tokens"].shape == (2, 4)
+        assert [(s["num_steps"], s["num_draft_tokens"]) for s in engine.startup()["states"]
+                if s.get("target_only")] == [(0, 1)]
+        ps = [list(p) for p in prompts()[:6]]
+        news = [6, 30, 10, 14, 18, 22]
+        with record_spans() as spans:
+            ids = [engine.add_request(ps[i], news[i]) for i in range(2)]
+            for _ in range(3):  # two requests: S = 3
+                engine.step()
+            ids += [engine.add_request(ps[i], news[i]) for i in range(2, 6)]
+            while engine.has_work():  # 5, then fewer: S = 0, then S = 3 again
+                engine.step()
+        want = [greedy_generate(target, [p], n)[0] for p, n in zip(ps, news)]
+        assert [engine.pop_result(i) for i in ids] == want
+        steps = _steps(spans)
+        s0 = [(served, ran) for served, ran in steps if served["S"] == 0]
+        s3 = [(served, ran) for served, ran in steps if served["S"] == 3]
+        assert s0 and s3 and steps[0][0]["S"] == 3 and steps[-1][0]["S"] == 3  # both ways
+        for served, ran in s0:
+            assert [a["phase"] for a in ran] == ["verify@512", "extend@512"] or served["bs"] > 4
+            for a in ran:
+                if served["bs"] <= 4:
+                    assert (a["mode"], a["padded"]) == ("graph", 4), (served, a)
+                else:
+                    assert (a["mode"], a["reason"]) == ("eager", "above_max"), (served, a)
+        for _, ran in s3:
+            assert all(a["mode"] == "graph" and a["padded"] == 2 for a in ran if a["phase"] == "verify@512")
+        # each state's replays are its own band's steps: neither replayed the other's width
+        plain_steps = sum(1 for served, _ in s0 if served["bs"] <= 4)
+        draft_steps = sum(1 for served, _ in s3 if served["bs"] <= 2)
+        assert plain_steps > 0 and any(served["bs"] > 4 for served, _ in s0)
+        assert plain.phases.describe()["verify@512"]["replays"] == plain_steps
+        assert drafting.phases.describe()["verify@512"]["replays"] == draft_steps
+        st = engine.stats()["phases"]
+        assert st["verify"]["replays"] == plain_steps + draft_steps
+        assert st["verify"]["eager_steps_by_reason"]["above_max"] == len(s0) - plain_steps
+
+        # without its target-only state, the S = 0 band's steps run with the drafting state
+        # active: eager, never its width-N graphs
+        engine.policy.targets[1] = None
+        before = {"plain": plain.phases.describe()["verify@512"]["replays"],
+                  "drafting": drafting.phases.describe()["verify@512"]["replays"]}
+        with record_spans() as spans:
+            assert engine.generate(ps[:4], 6) == [greedy_generate(target, [p], 6)[0] for p in ps[:4]]
+        steps = _steps(spans)
+        assert any(served["S"] == 0 for served, _ in steps)
+        assert all(not ran for served, ran in steps if served["S"] == 0)  # no phase at all
+        assert plain.phases.describe()["verify@512"]["replays"] == before["plain"]
+        assert drafting.phases.describe()["verify@512"]["replays"] == before["drafting"] + sum(
+            1 for served, _ in steps if served["S"] == 3)
+    finally:
+        engine.close()
+
+
+def _drafted(engine: SpecDecodeEngine, ps: list[list[int]], new: int) -> tuple[list[list[int]], list]:
+    """Serve ``ps``: (outputs, the draft tokens of every step, in order)."""
+    drafts: list = []
+    draft = engine.drafter.draft
+
+    def recording(slots, batch):
+        out = draft(slots, batch)
+        drafts.append(out.draft_tokens.tolist())  # a replay's outputs are views: read them now
+        return out
+
+    engine.drafter.draft = recording
+    try:
+        return engine.generate(ps, new), drafts
+    finally:
+        del engine.drafter.draft
+
+
+def test_a_draft_refit_reaches_the_captured_extend_graphs():
+    """`update_draft_weights` copies in place: the next steps' drafts, whose inputs come from the
+    captured extend graphs and whose tokens from the captured draft step, are those of an eager
+    engine refit with the same weights, and not the drafts of the weights before."""
+    target, head = models("eagle")
+    gen = torch.Generator().manual_seed(3)
+    refit = {k: v + v.float().std() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+             for k, v in head.state_dict().items()}
+    args = engine_args(SpeculativeConfig(3, 1), bs=(4,), running=4)
+    graphed = SpecDecodeEngine(args, target, head, backend="trace", capture="blocking", graph_phases=PHASES,
+                               kv_tiers=(512,), acceptance_watch=None)
+    eager = SpecDecodeEngine(args, target, head, backend="eager", acceptance_watch=None)
+    try:
+        ps = [list(p) for p in prompts()[:4]]
+        want = greedy_generate(target, ps, 16)
+        outs, before = _drafted(graphed, ps, 16)
+        assert outs == want
+        assert graphed.update_draft_weights(refit) == 1
+        assert eager.update_draft_weights(refit) == 1
+        extend = graphed.worker.state.phases.managers["extend@512"]
+        replays = extend.stats.replays
+        outs, after = _drafted(graphed, ps, 16)
+        assert outs == want
+        assert extend.stats.replays > replays  # the extend graph served the refit steps
+        eager_outs, eager_after = _drafted(eager, ps, 16)
+        assert eager_outs == want
+        assert after == eager_after  # the graphs drafted with the new weights, as eager did
+        assert after != before  # and the new weights draft otherwise than the old ones
+    finally:
+        graphed.close()
+        eager.close()

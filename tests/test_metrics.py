@@ -129,6 +129,34 @@ def test_phase_series_count_a_states_phases():
     assert value(m, "draftgraph_phase_capture_seconds", phase="verify") > 0
 
 
+def test_a_target_only_state_holds_the_phases_for_spec_none_and_is_labelled_s0():
+    """`build_target_state`: no draft graphs, the provider's phases for spec None (a step that
+    drafts nothing) at its sizes; active, the worker's series say S = 0 and label it apart."""
+    from draftgraph.runtime.worker_base import GraphStep
+
+    asked = []
+
+    def provider(spec, rows):
+        asked.append(spec)
+        width = 1 if spec is None else spec.num_draft_tokens
+        return {"verify@8": GraphStep(lambda x: x + 1, {"x": torch.zeros(rows, width)}, {"x": 0})}
+
+    w = EagleDraftWorker(args_for(3), MODEL)
+    w.set_phase_provider(provider)
+    plain = w.build_target_state([2, 4], "trace")
+    assert asked == [None] and plain.target_only and plain.graphs is None and not plain.has_graphs
+    manager = plain.replayable_phases().managers["verify@8"]
+    assert manager.captured_sizes == (2, 4) and manager.static_inputs["x"].shape == (4, 1)
+    assert repr(plain) == "RuntimeState(S=0 target only, sizes=2)"
+    w.apply_runtime_state(plain)
+    registry = CollectorRegistry()
+    with register_worker_metrics(w, registry):
+        m = scrape(registry)
+    assert value(m, "draftgraph_active_num_steps") == 0
+    assert value(m, "draftgraph_active_num_draft_tokens") == 1
+    assert value(m, "draftgraph_state_steps", num_steps="0", topology="target_only") == 0
+
+
 def test_every_documented_series_is_exported_with_its_type(simulated):
     registry, _ = simulated
     coord = type("Coord", (), {"rank": 1, "stats": CoordinatorStats(polls=3)})()

@@ -2,8 +2,9 @@
 
 `EnginePhases` is the worker's `PhaseProvider`: for a state's spec (S, N) it hands over, per KV
 window tier, a verify step at width N and (EAGLE drafts) an extend step at width S + 1, each over
-its own static rows. The worker captures, swaps and releases them with the state, so a step
-reads the verify graph of the very state that drafted it.
+its own static rows; for a plain target step's state (S = 0) both at width 1. The worker
+captures, swaps and releases them with the state, so a step reads the verify graph of the very
+state that drafted it.
 
 KV length is data. A graph attends over a fixed window of ``lk`` cache positions (its tier) and
 reads the lengths from its static rows: mask, write positions and RoPE come from them, so one
@@ -80,18 +81,18 @@ class EnginePhases:
         self.has_extend = "extend" in self.phases and hasattr(drafter, "extend_step")
 
     # ---- the provider -------------------------------------------------------------------------
-    def __call__(self, spec: SpeculativeConfig, max_size: int) -> dict[str, GraphStep]:
-        """Phase name -> `GraphStep` for ``spec`` at ``max_size`` rows (see the module docstring)."""
+    def __call__(self, spec: SpeculativeConfig | None, max_size: int) -> dict[str, GraphStep]:
+        """Phase name -> `GraphStep` for ``spec`` at ``max_size`` rows (see the module docstring);
+        ``spec`` None: a plain target step's (S = 0: verify and extend at width 1)."""
+        n, width = (1, 1) if spec is None else (spec.num_draft_tokens, spec.num_steps + 1)
         steps: dict[str, GraphStep] = {}
         for lk in self.tiers:
             if "verify" in self.phases:
-                steps[f"verify@{lk}"] = self._verify_step(spec.num_draft_tokens, lk, max_size)
+                steps[f"verify@{lk}"] = self._verify_step(n, lk, max_size)
             if self.has_extend:
-                step = self.drafter.extend_step(spec.num_draft_tokens, spec.num_steps + 1, lk, max_size,
-                                                self.target.hidden_size, self.target.dtype)
+                step = self.drafter.extend_step(n, width, lk, max_size, self.target.hidden_size, self.target.dtype)
                 steps[f"extend@{lk}"] = step._replace(
-                    structure=self.structure("extend", n=spec.num_draft_tokens, width=spec.num_steps + 1, lk=lk),
-                    constants=self.constants)
+                    structure=self.structure("extend", n=n, width=width, lk=lk), constants=self.constants)
         return steps
 
     def tier(self, batch: StepBatch, width: int) -> int:

@@ -85,8 +85,11 @@ class StepPipeline:
             _served_range(batch.size, spec, num_steps, draft)
         with st.timed("build_tree"):
             tree = self.tree(batch, draft, spec, n)
-        # the phases of the state that drafted (a plain target step, S = 0, runs eager: width 1)
-        state = worker.state if num_steps and self.phases is not None else None
+        # the phases of the state serving this step: the one that drafted, or for a plain target
+        # step (S = 0, width 1) a target-only state; never a state of the other width (eager then)
+        state = worker.state if self.phases is not None else None
+        if state is not None and state.target_only == bool(num_steps):
+            state = None
         with st.timed("verify"):
             argmax, hidden = self.verify(batch, tree, n, state)
         with st.timed("accept_commit"):

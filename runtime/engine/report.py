@@ -149,6 +149,10 @@ def _describe_capture(state: Any) -> dict[str, Any]:
     pending = list(graphs.pending_sizes) if graphs is not None else []
     failed = sorted(graphs.failed_sizes) if graphs is not None else []
     spec = state.spec
+    if state.target_only:  # a plain target step's state: its graphs are phases (`stats()["phases"]`)
+        return {"num_steps": 0, "topk": None, "num_draft_tokens": 1, "target_only": True,
+                "capture_s": state.capture_s, "compile_s": state.compile_s, "sizes_ready": [],
+                "sizes_pending": [], "sizes_failed": []}
     return {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,
             "capture_s": state.capture_s, "compile_s": state.compile_s, "sizes_ready": ready,
             "sizes_pending": pending, "sizes_failed": failed}

@@ -3,8 +3,11 @@
 Per band with speculation on, one state per candidate S, each capturing only the batch sizes its
 band can reach (`band_capture_sizes`), and an `AdaptiveStepController` over those states that
 picks among the band's candidates from the acceptance it observes in that band. A band at S=0
-has no state: its steps are plain target decodes (the engine's step builds a one-node tree),
+drafts nothing: its steps are plain target decodes (the engine's step builds a one-node tree),
 and the drafter still extends over every committed token, so speculation resumes where it left.
+With graphs, such a band has one state of its own (`build_target_state`, at the band's sizes),
+holding the width-1 verify and extend phases; it is made active for the band's steps like any
+band state, so a width-1 step never reads a width-N graph, nor the reverse.
 
 Under a `RankCoordinator` the (band, S) pair is the coordinator's shared choice (the leader's
 as of the latest poll), so every rank serves the same state at the same step whatever its own
@@ -93,13 +96,19 @@ class BandScheduler:
         self.coordinator = coordinator
         spec = worker.spec
         self.controllers: list[AdaptiveStepController | None] = []
+        self.targets: list[Any] = []  # per band: its plain target step's state (S=0 bands with sizes)
         self.sizes: list[list[int]] = []
         for band in self.bands:
-            sizes = band_capture_sizes(grid, band) if backend is not None and not band.off else []
-            self.sizes.append(sizes)
-            if band.off:
+            sizes = band_capture_sizes(grid, band) if backend is not None else []
+            if band.off:  # graphs only for the host's width-1 phases
+                sizes = sizes if worker.phase_provider is not None else []
+                self.sizes.append(sizes)
                 self.controllers.append(None)
+                self.targets.append(worker.build_target_state(sizes, backend or "auto", background=background)
+                                    if sizes else None)
                 continue
+            self.sizes.append(sizes)
+            self.targets.append(None)
             cands: list[Any] = list(band.steps) if spec.is_chain else [(s, spec.num_draft_tokens) for s in band.steps]
             self.controllers.append(AdaptiveStepController(
                 worker, cands, capture_bs=sizes, backend=backend or "auto", background=background))
@@ -128,11 +137,10 @@ class BandScheduler:
         key = f"{self.bands[band].label()}:S={s}"
         self.steps_per_state[key] = self.steps_per_state.get(key, 0) + 1
         ctrl = self.controllers[band]
-        if ctrl is not None:
-            state = ctrl.states[s]
-            if self.worker.state is not state:
-                with span("adaptive_switch", num_steps=s):
-                    self.worker.apply_runtime_state(state)
+        state = ctrl.states[s] if ctrl is not None else self.targets[band]
+        if state is not None and self.worker.state is not state:
+            with span("adaptive_switch", num_steps=s):
+                self.worker.apply_runtime_state(state)
         return s
 
     def _shared(self, band: int, s: int) -> tuple[int, int]:
@@ -165,14 +173,18 @@ class BandScheduler:
             ctrl.observe(accepted)
 
     def states(self) -> list[Any]:
-        """Every band state (for the start-up figures)."""
-        return [st for c in self.controllers if c is not None for st in c.states.values()]
+        """Every band state, plain target steps' included (for the start-up figures)."""
+        drafting = [st for c in self.controllers if c is not None for st in c.states.values()]
+        return drafting + [st for st in self.targets if st is not None]
 
     def release(self) -> None:
         """Release every band state not active now."""
         for c in self.controllers:
             if c is not None:
                 c.release()
+        for st in self.targets:
+            if st is not None and st is not self.worker.state:
+                st.release()
 
     def as_dict(self) -> dict[str, Any]:
         """``steps_per_state`` and ``schedule``: steps served per band, band switches (and per
