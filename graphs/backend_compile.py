@@ -208,6 +208,7 @@ class CompileBackend(TraceBackend):
         self.symbolic = symbolic_default() if symbolic is None else bool(symbolic)
         self._symbolic: tuple[Any, tuple[Tensor, ...]] | None = None  # (compiled, its constants)
         self._symbolic_failed: str | None = None
+        self._symbolic_raw: bytes | None = None  # its artifact bytes (None: not saveable)
         self.symbolic_compiles = 0
         self.symbolic_compile_s = 0.0
         self.symbolic_sizes: list[int] = []
@@ -371,11 +372,11 @@ class CompileBackend(TraceBackend):
         start = time.perf_counter()
         modules_before = {id(m) for m in _loaded_modules()}
         runner = None
-        if self.symbolic and self._compile_fn is None:
-            runner, why = self._symbolic_runner(fn, args if trace_args is None else trace_args, args, gm, size)
-            if runner is None:
-                logger.info("compile backend: size %d compiles on its own (%s)", size, why)
         try:
+            if self.symbolic and self._compile_fn is None:
+                runner, why = self._symbolic_runner(fn, args if trace_args is None else trace_args, args, gm, size)
+                if runner is None:
+                    logger.info("compile backend: size %d compiles on its own (%s)", size, why)
             if runner is None:
                 runner, reason = self._compiled_runner(gm, args, size)
             else:
@@ -430,31 +431,76 @@ class CompileBackend(TraceBackend):
             logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
                         graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
 
+    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
+        """Record ``fn`` once with a symbolic batch dimension and compile that once (in the compile
+        process when there is one: only the graph and its inputs' metadata travel, and this
+        process loads the returned code); sets ``_symbolic``, or ``_symbolic_failed`` (every size
+        then compiles on its own). `CompileWorkerDied` when the compile process died: this
+        size serves eager as a per-size unit would, and later sizes compile per size."""
+        _use_cache_dir()
+        start = time.perf_counter()
+        hint = max(2, self._rows)
+        try:
+            with _RECORD_LOCK, torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    sgm, fakes = record_symbolic(fn, rec_args, hint, size)
+                    lifted, constants = _lift_constants(sgm)
+                    exact, _ = keep_aten_reductions(lifted)
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
+        except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
+            self._symbolic_failed = f"no symbolic recording: {type(exc).__name__}: {exc}"
+            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        raw: bytes | None = None
+        if self._compiler is not None:
+            stand_ins = [torch.empty_strided((hint, *a.shape[1:]), a.stride(), dtype=a.dtype, device="meta")
+                         for a in rec_args]
+            try:  # no lock held: this process goes on serving
+                raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
+            except CompileWorkerDied as exc:
+                self._symbolic_failed = f"the compile process died during the symbolic compile ({exc})"
+                logger.warning("compile backend: %s; size %d serves eager, later sizes compile per size",
+                               self._symbolic_failed, size)
+                raise
+            except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
+                logger.warning("compile process: no symbolic compile there (%s); compiling it in this process", exc)
+        compiled: Any = None
+        try:
+            with _RECORD_LOCK, torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    if raw is not None:
+                        try:
+                            compiled = _load_artifact(raw)
+                        except Exception as exc:  # noqa: BLE001  # the in-process compile decides
+                            logger.warning("compile process: the symbolic code does not load here (%s: %s); "
+                                           "compiling it in this process", type(exc).__name__, exc)
+                            raw = None
+                    if compiled is None:
+                        compiled = compile_symbolic(exact, [*fakes, *constants])
+                        with contextlib.suppress(Exception):  # nothing saveable: it is not stored
+                            raw = _artifact_bytes(compiled) if self._store is not None else None
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
+        except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
+            self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
+            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        self._symbolic = (compiled, constants)
+        self._symbolic_raw = raw
+        self.symbolic_compiles += 1
+        self.symbolic_compile_s = time.perf_counter() - start
+        logger.info("compile backend: one symbolic compile in %.2f s%s", self.symbolic_compile_s,
+                    " (compile process)" if self._compiler is not None and raw is not None else "")
+
     def _symbolic_runner(self, fn: FlatStep, rec_args: tuple[Tensor, ...], args: tuple[Tensor, ...],
                          gm: fx.GraphModule, size: int) -> tuple[Callable[..., Any] | None, str | None]:
         """(runner, None) replaying the one symbolic compile over ``args`` when it equals ``gm``
         (this size's recording) bitwise, else (None, why); records and compiles it on first use."""
         if self._symbolic is None and self._symbolic_failed is None:
-            _use_cache_dir()
-            start = time.perf_counter()
-            try:
-                with _RECORD_LOCK, torch.no_grad():
-                    before = _fx_source_keys()
-                    try:
-                        sgm, fakes = record_symbolic(fn, rec_args, max(2, self._rows), size)
-                        lifted, constants = _lift_constants(sgm)
-                        exact, _ = keep_aten_reductions(lifted)
-                        compiled = compile_symbolic(exact, [*fakes, *constants])
-                    finally:
-                        _evict_fx_sources(_fx_source_keys() - before)
-            except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
-                self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
-                logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
-                return None, self._symbolic_failed
-            self._symbolic = (compiled, constants)
-            self.symbolic_compiles += 1
-            self.symbolic_compile_s = time.perf_counter() - start
-            logger.info("compile backend: one symbolic compile in %.2f s", self.symbolic_compile_s)
+            self._symbolic_compile(fn, rec_args, size)
         if self._symbolic is None:
             return None, self._symbolic_failed
         compiled, constants = self._symbolic

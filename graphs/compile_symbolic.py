@@ -72,6 +72,9 @@ def compile_symbolic(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[
     """Inductor's one compile of a symbolic graph (fake inputs, then real constants)."""
     from torch._inductor import standalone_compile
 
+    from .aten_reductions import register_inductor_lowerings
+
+    register_inductor_lowerings()
     return standalone_compile(gm, example_inputs, dynamic_shapes="from_graph")
 
 

@@ -98,3 +98,75 @@ def test_eagle_worker_symbolic_equals_eager(k, n, monkeypatch):
         inp = make_draft_input(b, k, seed=b)
         for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
             assert torch.equal(a, e), (k, b)
+
+
+def _use_store(monkeypatch, folder):
+    """A fresh store object on ``folder`` (as a new process would open it)."""
+    from draftgraph.runtime import stored_steps
+    from draftgraph.runtime.compile_store import CompileStore
+
+    store = CompileStore(folder)
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setattr(stored_steps, "default_compile_store", lambda: store)
+    return store
+
+
+def _background_worker(monkeypatch) -> EagleDraftWorker:
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_PROCESS", "1")
+    args = RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))))
+    w = EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+    w.capture_graphs("compile", background=True)
+    assert w.wait_graphs(600)
+    return w
+
+
+def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch):
+    """The symbolic graph (with its size arithmetic) travels to the compile process, which
+    compiles it once; this process loads it and every size replays it, equal to eager."""
+    _use_store(monkeypatch, tmp_path / "store")
+    calls = []
+    monkeypatch.setattr(compile_module, "compile_symbolic", lambda *a: calls.append(1))  # never here
+    w = _background_worker(monkeypatch)
+    backend = w.state.graphs._backend  # noqa: SLF001  # the counters of the backend it made
+    assert calls == [] and w.compile_process.compiles == 1 and w.compile_process.deaths == 0
+    assert backend.symbolic_compiles == 1 and sorted(backend.symbolic_sizes) == [1, 2, 4]
+    assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
+    ref = EagleDraftWorker(w.args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+    for b in (1, 3, 4):
+        inp = make_draft_input(b, 2, seed=b)
+        for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
+            assert torch.equal(a, e), b
+    w.stop_capture()
+
+
+def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(tmp_path, monkeypatch, caplog):
+    """As for a per-size unit: the size whose symbolic compile died serves eager (counted, logged);
+    the other sizes compile per size in a new compile process."""
+    import logging
+
+    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+
+    _use_store(monkeypatch, tmp_path / "store")
+    real = CompileWorker.compile
+
+    def dies_on_symbolic(self, gm, inputs, dynamic=0):
+        if dynamic:
+            raise CompileWorkerDied("the compile process died (exit -9)")
+        return real(self, gm, inputs, dynamic)
+
+    monkeypatch.setattr(CompileWorker, "compile", dies_on_symbolic)
+    with caplog.at_level(logging.WARNING):
+        w = _background_worker(monkeypatch)
+    graphs = w.state.graphs
+    backend = graphs._backend  # noqa: SLF001  # the counters of the backend it made
+    assert len(graphs.failed_sizes) == 1 and sorted((*graphs.captured_sizes, *graphs.failed_sizes)) == [1, 2, 4]
+    assert backend.symbolic_compiles == 0 and backend.symbolic_sizes == []
+    assert w.capture_queue.units_failed == 1 and "died during the symbolic compile" in caplog.text
+    assert w.compile_process.compiles == 2  # the two other sizes, per size
+    ref = EagleDraftWorker(w.args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
+    for b in (1, 2, 4):
+        inp = make_draft_input(b, 2, seed=b)
+        for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
+            torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+    w.stop_capture()
