@@ -170,3 +170,76 @@ def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(
         for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
             torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
     w.stop_capture()
+
+
+def _code_entries(folder):
+    from draftgraph.runtime.compile_store import _UNIT_SECONDS_KEY
+
+    return sorted(p for p in folder.glob("*.dgc") if p.stem != _UNIT_SECONDS_KEY)
+
+
+def _no_recording(*_a, **_k):
+    raise AssertionError("recorded a step that the store holds")
+
+
+def _no_compile(*_a, **_k):
+    raise AssertionError("compiled a step that the store holds")
+
+
+def test_a_symbolic_key_leaves_out_the_size_and_never_equals_a_per_size_key():
+    from draftgraph.graphs.compiled_entry import ConstantTable, entry_key
+
+    rows, table = torch.zeros(4, 3), ConstantTable({"w": torch.ones(3)})
+    per = {b: entry_key("s", b, (rows[:b],), table, "compile") for b in (1, 2, 4)}
+    sym = {b: entry_key("s", None, (rows[:b],), table, "compile") for b in (1, 2, 4)}
+    assert len(set(per.values())) == 3 and len(set(sym.values())) == 1
+    assert not set(per.values()) & set(sym.values())
+    assert entry_key("s", None, (torch.zeros(4, 5)[:2],), table, "compile") != sym[2]  # another row width
+
+
+def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size_without_recording(
+        tmp_path, monkeypatch):
+    from draftgraph.graphs import backend_trace
+    from draftgraph.graphs.compile_worker import CompileWorker
+
+    folder = tmp_path / "store"
+    _use_store(monkeypatch, folder)
+    first = _background_worker(monkeypatch)
+    first.stop_capture()
+    assert len(_code_entries(folder)) == 1  # one artifact; each size's outputs in its manifest
+    store = _use_store(monkeypatch, folder)  # a fresh store object, as a new process opens it
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(compile_module, "compile_symbolic", _no_compile)
+    monkeypatch.setattr(CompileWorker, "compile", _no_compile)
+    second = _background_worker(monkeypatch)
+    sizes = second.state.graphs.stats.sizes
+    assert {b: (v.source, v.engine) for b, v in sizes.items()} == {b: ("loaded", "inductor") for b in (1, 2, 4)}
+    backend = second.state.graphs._backend  # noqa: SLF001  # the counters of the backend it made
+    assert backend.loaded == 3 and backend.symbolic_compiles == 0 and sorted(backend.symbolic_sizes) == [1, 2, 4]
+    assert store.hits == 1 and second.capture_queue.units_run == 0  # one load serves the state
+    for b in (1, 3, 4):
+        inp = make_draft_input(b, 2, seed=b)
+        for a, e in zip(second.draft_forward(inp), first.draft_forward(inp)):
+            assert torch.equal(a, e), b
+    twin = second.build_runtime_state(3, 6, topk=2)  # the same structure: the same entry, loaded again
+    assert {b: v.source for b, v in twin.graphs.stats.sizes.items()} == {b: "loaded" for b in (1, 2, 4)}
+    second.stop_capture()
+
+
+def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkeypatch, caplog):
+    import logging
+
+    folder = tmp_path / "store"
+    _use_store(monkeypatch, folder)
+    _background_worker(monkeypatch).stop_capture()
+    (victim,) = _code_entries(folder)
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    store = _use_store(monkeypatch, folder)
+    with caplog.at_level(logging.WARNING):
+        w = _background_worker(monkeypatch)
+    assert store.refused == 1 and str(victim) in caplog.text
+    assert {v.source for v in w.state.graphs.stats.sizes.values()} == {"recorded"}
+    assert w.compile_process.compiles == 1 and victim.exists()  # compiled once more and stored again
+    w.stop_capture()
