@@ -190,12 +190,15 @@ class CompileBackend(TraceBackend):
     returned code and checks it; a compile process that dies fails the size
     (`GraphCaptureError`: it serves eager, counted) instead of falling back to the FX replay.
 
-    ``symbolic`` (default ``DRAFTGRAPH_COMPILE_SYMBOLIC=1``, off otherwise; `compile_symbolic`):
-    the first captured size also records the step once with a symbolic batch dimension and
-    compiles that once; every size then replays that one function, checked bitwise against its
-    own recording (a size that fails the check, or every size when the symbolic recording or
-    compile fails, compiles per size as without it). Such sizes are neither stored nor sent
-    to the compile process. ``symbolic_compiles`` / ``symbolic_sizes`` count them.
+    ``symbolic`` (default: ``DRAFTGRAPH_COMPILE_SYMBOLIC``, "1" unless set to "0";
+    `compile_symbolic`): the first captured size also records the step once with a symbolic
+    batch dimension and compiles that once (in the ``compiler`` process when there is one);
+    every size then replays that one function, checked bitwise against its own recording (a
+    size that fails the check, or every size when the symbolic recording or compile fails,
+    compiles per size as without it; a compile process that dies then fails that size as
+    above). With a store the symbolic code is one entry (`entry_key` without the size) whose
+    manifest holds each checked size's outputs: `load` replays those sizes from it with no
+    recording and no compile. ``symbolic_compiles`` / ``symbolic_sizes`` count them.
     """
 
     name = "compile"
@@ -601,6 +604,10 @@ class CompileBackend(TraceBackend):
                                self._symbolic_failed, size)
                 raise
             except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
+                if "not a saveable" in str(exc):  # nothing to compile (chain S=1): per size stores the graph
+                    self._symbolic_failed = "no symbolic code: inductor saved nothing for it"
+                    logger.info("compile backend: %s; compiling per size", self._symbolic_failed)
+                    return
                 logger.warning("compile process: no symbolic compile there (%s); compiling it in this process", exc)
         compiled: Any = None
         try:
@@ -623,6 +630,10 @@ class CompileBackend(TraceBackend):
         except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
             self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
             logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        if self._store is not None and raw is None:  # not storable: per size stores what it can
+            self._symbolic_failed = "no symbolic code: inductor saved nothing for it"
+            logger.info("compile backend: %s; compiling per size", self._symbolic_failed)
             return
         self._symbolic = (compiled, constants)
         self._symbolic_raw = raw

@@ -58,6 +58,7 @@ def _symbolic_inputs(gm: fx.GraphModule, metas: list[tuple[tuple[int, ...], tupl
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
+    mode.cache_enabled = False  # a process-wide cache: entries of each compile would stay
     fakes = []
     for i, (shape, stride, dtype) in enumerate(metas):
         like = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype))

@@ -1,4 +1,4 @@
-"""The symbolic compile (opt-in, issue 30 item 1): one record and one inductor compile with a
+"""The symbolic compile (the default, issue 30): one record and one inductor compile with a
 symbolic batch dimension serve every captured size, bitwise equal to the per-size compile;
 a size the symbolic code does not fit compiles on its own. Few, small compiles."""
 
@@ -47,6 +47,8 @@ def test_the_switch_reads_0_or_1(monkeypatch):
     with pytest.raises(ValueError, match="DRAFTGRAPH_COMPILE_SYMBOLIC"):
         symbolic_default()
     monkeypatch.delenv("DRAFTGRAPH_COMPILE_SYMBOLIC")
+    assert symbolic_default() is True  # on by default (issue 30)
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "0")
     assert symbolic_default() is False
 
 
@@ -243,3 +245,36 @@ def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkey
     assert {v.source for v in w.state.graphs.stats.sizes.values()} == {"recorded"}
     assert w.compile_process.compiles == 1 and victim.exists()  # compiled once more and stored again
     w.stop_capture()
+
+
+def test_a_chain_step_that_drafts_nothing_is_stored_and_loaded(tmp_path, monkeypatch):
+    """Chain S=1 drafts nothing (per size inductor saves no artifact for it): whichever code is
+    stored (symbolic, or per size when inductor saved nothing), a second worker loads it."""
+    from draftgraph.graphs import backend_trace
+
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1")
+    args = RuntimeArgs(SpeculativeConfig(1, 1), CudaGraphConfig(PhaseGraphConfig(bs=(2,))))
+    _use_store(monkeypatch, tmp_path / "store")
+    first = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    first.capture_graphs("compile")
+    _use_store(monkeypatch, tmp_path / "store")
+    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    second = EagleDraftWorker(args, TinyDraftModel(seed=0))
+    second.capture_graphs("compile")
+    assert {s: v.source for s, v in second.state.graphs.stats.sizes.items()} == {2: "loaded"}
+    inp = make_draft_input(2, 1, seed=9)
+    for g, w in zip(second.draft_forward(inp), first.draft_forward(inp)):
+        assert torch.equal(g, w)
+
+
+def test_a_symbolic_code_that_differs_compiles_that_size_on_its_own(monkeypatch):
+    def off_by_one(gm, inputs):
+        def run(*a):
+            return [o + 1 if o.is_floating_point() else o for o in gm(*a)]
+        return run
+
+    monkeypatch.setattr(compile_module, "compile_symbolic", off_by_one)
+    m, _ = _manager(True, monkeypatch)
+    backend = m._backend  # noqa: SLF001  # the counters of the backend it made
+    assert backend.symbolic_compiles == 1 and backend.symbolic_sizes == []
+    assert all(m.stats.sizes[b].engine == "inductor" for b in SIZES)  # each compiled per size
