@@ -278,3 +278,29 @@ def test_a_symbolic_code_that_differs_compiles_that_size_on_its_own(monkeypatch)
     backend = m._backend  # noqa: SLF001  # the counters of the backend it made
     assert backend.symbolic_compiles == 1 and backend.symbolic_sizes == []
     assert all(m.stats.sizes[b].engine == "inductor" for b in SIZES)  # each compiled per size
+
+
+def test_the_engines_phases_take_the_symbolic_route_and_stay_lossless(monkeypatch):
+    """Verify and extend (every input has a batch dimension) compile once per phase and tier;
+    each captured size replays that code, and the engine still equals greedy."""
+    from engine_support import engine_args, models, prompts
+
+    from draftgraph.runtime.engine import SpecDecodeEngine
+    from draftgraph.runtime.models.greedy import greedy_generate
+
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1")
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=4), target, head,
+                              backend="compile", capture="blocking", graph_phases=("verify", "extend"),
+                              kv_tiers=(128, 512))
+    try:
+        managers = engine.worker.state.phases.managers
+        assert set(managers) == {"verify@128", "verify@512", "extend@128", "extend@512"}
+        for name, manager in managers.items():
+            backend = manager._backend  # noqa: SLF001  # the counters of the backend it made
+            assert backend.symbolic_compiles == 1 and sorted(backend.symbolic_sizes) == [2, 4], name
+        prompts_ = [list(p) for p in prompts()[:4]]
+        assert engine.generate(prompts_, 16) == greedy_generate(target, prompts_, 16)
+        assert engine.stats()["phases"]["verify"]["replays"] > 0
+    finally:
+        engine.close()
