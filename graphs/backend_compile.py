@@ -190,12 +190,15 @@ class CompileBackend(TraceBackend):
     returned code and checks it; a compile process that dies fails the size
     (`GraphCaptureError`: it serves eager, counted) instead of falling back to the FX replay.
 
-    ``symbolic`` (default ``DRAFTGRAPH_COMPILE_SYMBOLIC=1``, off otherwise; `compile_symbolic`):
-    the first captured size also records the step once with a symbolic batch dimension and
-    compiles that once; every size then replays that one function, checked bitwise against its
-    own recording (a size that fails the check, or every size when the symbolic recording or
-    compile fails, compiles per size as without it). Such sizes are neither stored nor sent
-    to the compile process. ``symbolic_compiles`` / ``symbolic_sizes`` count them.
+    ``symbolic`` (default: ``DRAFTGRAPH_COMPILE_SYMBOLIC``, "1" unless set to "0";
+    `compile_symbolic`): the first captured size also records the step once with a symbolic
+    batch dimension and compiles that once (in the ``compiler`` process when there is one);
+    every size then replays that one function, checked bitwise against its own recording (a
+    size that fails the check, or every size when the symbolic recording or compile fails,
+    compiles per size as without it; a compile process that dies then fails that size as
+    above). With a store the symbolic code is one entry (`entry_key` without the size) whose
+    manifest holds each checked size's outputs: `load` replays those sizes from it with no
+    recording and no compile. ``symbolic_compiles`` / ``symbolic_sizes`` count them.
     """
 
     name = "compile"
@@ -208,6 +211,11 @@ class CompileBackend(TraceBackend):
         self.symbolic = symbolic_default() if symbolic is None else bool(symbolic)
         self._symbolic: tuple[Any, tuple[Tensor, ...]] | None = None  # (compiled, its constants)
         self._symbolic_failed: str | None = None
+        self._symbolic_raw: bytes | None = None  # its artifact bytes (None: not saveable)
+        self._symbolic_manifest: dict[str, Any] | None = None  # its stored entry's manifest
+        self._symbolic_fetched = False  # the store was asked for the symbolic entry
+        self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
+        self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
         self.symbolic_compiles = 0
         self.symbolic_compile_s = 0.0
         self.symbolic_sizes: list[int] = []
@@ -238,6 +246,12 @@ class CompileBackend(TraceBackend):
         store, table = self._store, self._table
         if store is None or table is None:
             return None
+        if self.symbolic and self._compile_fn is None:
+            shared = self._load_symbolic(size, args)
+            if shared is not None:
+                if self.check_speed and shared.replay_s is None:
+                    self._time_against_eager(shared, fn, args if trace_args is None else trace_args)
+                return shared
         key = self._key(size, args)
         payload = store.get(key)
         if payload is None:
@@ -262,6 +276,111 @@ class CompileBackend(TraceBackend):
                      time.perf_counter() - start)
         return graph
 
+    def _symbolic_key(self, args: tuple[Tensor, ...]) -> str:
+        assert self._table is not None  # noqa: S101  # callers check; a typing aid only
+        return entry_key(self._structure, None, args, self._table, f"{self.name}+{REWRITE_TAG}")
+
+    def _fetch_symbolic(self, args: tuple[Tensor, ...]) -> None:
+        """Load the stored symbolic code once (no recording, no compile): sets ``_symbolic`` and its
+        manifest; an unusable entry is refused through the store (named, removed)."""
+        store, table = self._store, self._table
+        if store is None or table is None:
+            return
+        key = self._symbolic_key(args)
+        payload = store.get(key)
+        if payload is None:
+            return
+        modules_before = {id(m) for m in _loaded_modules()}
+        try:
+            manifest, artifact = unpack_entry(payload)
+            if manifest.get("symbolic") is not True or manifest.get("inputs") != len(args) \
+                    or not isinstance(manifest.get("sizes"), dict):
+                raise EntryError(f"not a symbolic entry over {len(args)} inputs")
+            constants = tuple(table.view(w) for w in manifest["constants"])
+            _use_cache_dir()
+            with torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    compiled = _load_artifact(artifact)
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
+        except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: compile again
+            store.refuse(key, f"{type(exc).__name__}: {exc}")
+            return
+        self._symbolic = (compiled, constants)
+        self._symbolic_raw = artifact
+        self._symbolic_manifest = manifest
+        self._symbolic_source = "shared" if store.written_here(key) else "loaded"
+        self._symbolic_modules = [m for m in _loaded_modules() if id(m) not in modules_before]
+        logger.debug("compile backend: symbolic code from the store (%d sizes)", len(manifest["sizes"]))
+
+    def _take_symbolic_modules(self) -> list[Any]:
+        """The inductor modules loading the symbolic code left, once (the first graph releases them)."""
+        mine, self._symbolic_modules = self._symbolic_modules, []
+        return mine
+
+    def _load_symbolic(self, size: int, args: tuple[Tensor, ...]) -> StoredGraph | None:
+        """``size`` replayed by the stored symbolic code (loaded once per backend) when its entry
+        holds that size's outputs (the size passed the bitwise check when it was stored); else None."""
+        table = self._table
+        if table is None:
+            return None
+        if not self._symbolic_fetched and self._symbolic is None and self._symbolic_failed is None:
+            self._symbolic_fetched = True
+            self._fetch_symbolic(args)
+        described = (self._symbolic_manifest or {}).get("sizes", {}).get(str(size))
+        if described is None or self._symbolic is None:
+            return None
+        compiled, constants = self._symbolic
+        if _shares_storage((*args, *constants)):
+            return None
+        try:
+            outputs, fresh, nbytes = self._bind_outputs(size, described["outputs"], args, table)
+        except (EntryError, KeyError, TypeError, ValueError) as exc:
+            logger.warning("compile backend: size %d does not fit the stored symbolic code (%s); recording it",
+                           size, exc)
+            return None
+
+        def run(*inputs: Tensor) -> Any:
+            with torch.no_grad():
+                return compiled(*inputs)
+
+        graph = StoredGraph(size, run, (*args, *constants), tuple(outputs), tuple(fresh), described.get("nodes"),
+                            nbytes, "inductor")
+        graph.source = self._symbolic_source
+        if graph.source == "shared":
+            self.shared += 1
+        else:
+            self.loaded += 1
+        self.symbolic_sizes.append(size)
+        mine = self._take_symbolic_modules()
+        graph.release_hooks.append(lambda: _forget_modules(mine))
+        if self.check_speed and described.get("prefer_eager") is not None:  # timed when it was stored
+            graph.replay_s, graph.eager_s = described.get("replay_s"), described.get("eager_s")
+            graph.prefer_eager = bool(described["prefer_eager"])
+        return graph
+
+    def _save_symbolic(self, graph: TraceGraph, constants: tuple[Tensor, ...]) -> None:
+        """Add ``graph``'s size (checked bitwise against the symbolic code) to the stored symbolic
+        entry: one artifact, each size's outputs in its manifest (skipped, logged, as `_save`)."""
+        store, table = self._store, self._table
+        if store is None or table is None or self._compile_fn is not None or self._symbolic_raw is None:
+            return
+        outputs = self._describe_outputs(graph, table)
+        where = [table.locate(c) for c in constants]
+        if outputs is None or any(w is None for w in where):
+            logger.debug("compile backend: size %d not in the symbolic entry: a tensor is not in the constant table",
+                         graph.size)
+            return
+        manifest = self._symbolic_manifest or {"symbolic": True, "code": "inductor", "inputs": len(graph.inputs),
+                                               "constants": where, "torch": torch.__version__, "sizes": {}}
+        manifest["sizes"][str(graph.size)] = {
+            "outputs": outputs, "nodes": graph.nodes, "replay_s": graph.replay_s, "eager_s": graph.eager_s,
+            "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None}
+        store.put(self._symbolic_key(graph.inputs), pack_entry(manifest, self._symbolic_raw))
+        self._symbolic_manifest = manifest
+        self.stored += 1
+
     def _rebuild(self, size: int, payload: bytes, args: tuple[Tensor, ...], table: ConstantTable) -> StoredGraph:
         """A `StoredGraph` over the live ``args`` and named constants (EntryError when it does not fit)."""
         manifest, artifact = unpack_entry(payload)
@@ -269,24 +388,7 @@ class CompileBackend(TraceBackend):
             raise EntryError(f"entry for size {manifest.get('size')!r} with {len(manifest.get('inputs', ()))} "
                              f"inputs; wanted size {size} with {len(args)}")
         constants = tuple(table.view(w) for w in manifest["constants"])
-        outputs: list[Tensor] = []
-        fresh: list[int] = []
-        nbytes = 0
-        for i, out in enumerate(manifest["outputs"]):
-            kind = out.get("kind")
-            if kind == "fresh":
-                buffer, new = self.buffer_for(i, tuple(out["tail"]), _dtype(out["dtype"]), args[0].device)
-                nbytes += new
-                outputs.append(buffer[:size])
-                fresh.append(i)
-            elif kind == "input":
-                j = int(out["input"])
-                offset = args[j].storage_offset() + int(out["offset"])
-                outputs.append(args[j].as_strided(out["shape"], out["stride"], offset))
-            elif kind == "constant":
-                outputs.append(table.view(out))
-            else:
-                raise EntryError(f"output {i}: unknown kind {kind!r}")
+        outputs, fresh, nbytes = self._bind_outputs(size, manifest["outputs"], args, table)
         _use_cache_dir()
         engine = manifest.get("code", "inductor")
         with torch.no_grad():
@@ -314,16 +416,35 @@ class CompileBackend(TraceBackend):
             graph.prefer_eager = bool(manifest["prefer_eager"])
         return graph
 
-    def _save(self, graph: TraceGraph, artifact: Any, constants: tuple[Tensor, ...], raw: bytes | None) -> None:
-        """Write ``graph``'s compiled code and manifest to the store (skipped, logged, when a
-        constant or an output is not in the constant table or the artifact cannot be saved)."""
-        store, table = self._store, self._table
-        if store is None or table is None or self._compile_fn is not None:
-            return
-        where = [table.locate(c) for c in constants]
-        if any(w is None for w in where):
-            logger.debug("compile backend: size %d not stored: a constant is not in the constant table", graph.size)
-            return
+    def _bind_outputs(self, size: int, described: list[dict[str, Any]], args: tuple[Tensor, ...],
+                      table: ConstantTable) -> tuple[list[Tensor], list[int], int]:
+        """The outputs a manifest describes, over the live ``args`` and constants: (outputs,
+        indices of fresh ones, bytes of new output buffers); EntryError when one does not fit."""
+        outputs: list[Tensor] = []
+        fresh: list[int] = []
+        nbytes = 0
+        for i, out in enumerate(described):
+            kind = out.get("kind")
+            if kind == "fresh":
+                buffer, new = self.buffer_for(i, tuple(out["tail"]), _dtype(out["dtype"]), args[0].device)
+                nbytes += new
+                outputs.append(buffer[:size])
+                fresh.append(i)
+            elif kind == "input":
+                j = int(out["input"])
+                if not 0 <= j < len(args):
+                    raise EntryError(f"output {i}: input {j} of {len(args)}")
+                offset = args[j].storage_offset() + int(out["offset"])
+                outputs.append(args[j].as_strided(out["shape"], out["stride"], offset))
+            elif kind == "constant":
+                outputs.append(table.view(out))
+            else:
+                raise EntryError(f"output {i}: unknown kind {kind!r}")
+        return outputs, fresh, nbytes
+
+    def _describe_outputs(self, graph: TraceGraph, table: ConstantTable) -> list[dict[str, Any]] | None:
+        """Where each of ``graph``'s outputs lives, as `_bind_outputs` reads it (None, logged, when
+        one is neither fresh, nor a view of an input, nor in the constant table)."""
         inputs = graph.inputs
         fresh = set(graph.fresh)
         outputs: list[dict[str, Any]] = []
@@ -342,8 +463,24 @@ class CompileBackend(TraceBackend):
             if located is None:
                 logger.debug("compile backend: size %d not stored: output %d is not in the constant table",
                               graph.size, i)
-                return
+                return None
             outputs.append({"kind": "constant", **located})
+        return outputs
+
+    def _save(self, graph: TraceGraph, artifact: Any, constants: tuple[Tensor, ...], raw: bytes | None) -> None:
+        """Write ``graph``'s compiled code and manifest to the store (skipped, logged, when a
+        constant or an output is not in the constant table or the artifact cannot be saved)."""
+        store, table = self._store, self._table
+        if store is None or table is None or self._compile_fn is not None:
+            return
+        where = [table.locate(c) for c in constants]
+        if any(w is None for w in where):
+            logger.debug("compile backend: size %d not stored: a constant is not in the constant table", graph.size)
+            return
+        inputs = graph.inputs
+        outputs = self._describe_outputs(graph, table)
+        if outputs is None:
+            return
         code = "inductor"
         try:
             raw = raw if raw is not None else _artifact_bytes(artifact)
@@ -371,11 +508,11 @@ class CompileBackend(TraceBackend):
         start = time.perf_counter()
         modules_before = {id(m) for m in _loaded_modules()}
         runner = None
-        if self.symbolic and self._compile_fn is None:
-            runner, why = self._symbolic_runner(fn, args if trace_args is None else trace_args, args, gm, size)
-            if runner is None:
-                logger.info("compile backend: size %d compiles on its own (%s)", size, why)
         try:
+            if self.symbolic and self._compile_fn is None:
+                runner, why = self._symbolic_runner(fn, args if trace_args is None else trace_args, args, gm, size)
+                if runner is None:
+                    logger.info("compile backend: size %d compiles on its own (%s)", size, why)
             if runner is None:
                 runner, reason = self._compiled_runner(gm, args, size)
             else:
@@ -388,7 +525,7 @@ class CompileBackend(TraceBackend):
         elapsed = time.perf_counter() - start
         # what this compile left in process-wide caches goes with the graph (measured without
         # this: +1 inductor module and ~20 KB RSS per reload, for the life of the process)
-        mine = [m for m in _loaded_modules() if id(m) not in modules_before]
+        mine = [m for m in _loaded_modules() if id(m) not in modules_before] + self._take_symbolic_modules()
         graph.release_hooks.append(lambda: _forget_modules(mine))
         self.compile_s[size] = elapsed
         graph.compile_s = elapsed
@@ -401,8 +538,11 @@ class CompileBackend(TraceBackend):
             logger.debug("compile backend: size %d compiled in %.2f s", size, elapsed)
         if self.check_speed:
             self._time_against_eager(graph, fn, args if trace_args is None else trace_args)
-        if runner is not None and not getattr(runner, "symbolic", False):
-            self._save(graph, runner.compiled, runner.constants, runner.raw)
+        if runner is not None:
+            if getattr(runner, "symbolic", False):
+                self._save_symbolic(graph, runner.constants)
+            else:
+                self._save(graph, runner.compiled, runner.constants, runner.raw)
             if self._store is not None and self._compile_fn is None:
                 self._store.note_unit_seconds(time.perf_counter() - unit_start)
         return graph
@@ -430,31 +570,84 @@ class CompileBackend(TraceBackend):
             logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
                         graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
 
+    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
+        """Record ``fn`` once with a symbolic batch dimension and compile that once (in the compile
+        process when there is one: only the graph and its inputs' metadata travel, and this
+        process loads the returned code); sets ``_symbolic``, or ``_symbolic_failed`` (every size
+        then compiles on its own). `CompileWorkerDied` when the compile process died: this
+        size serves eager as a per-size unit would, and later sizes compile per size."""
+        _use_cache_dir()
+        start = time.perf_counter()
+        hint = max(2, self._rows)
+        try:
+            with _RECORD_LOCK, torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    sgm, fakes = record_symbolic(fn, rec_args, hint, size)
+                    lifted, constants = _lift_constants(sgm)
+                    exact, _ = keep_aten_reductions(lifted)
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
+        except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
+            self._symbolic_failed = f"no symbolic recording: {type(exc).__name__}: {exc}"
+            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        raw: bytes | None = None
+        if self._compiler is not None:
+            stand_ins = [torch.empty_strided((hint, *a.shape[1:]), a.stride(), dtype=a.dtype, device="meta")
+                         for a in rec_args]
+            try:  # no lock held: this process goes on serving
+                raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
+            except CompileWorkerDied as exc:
+                self._symbolic_failed = f"the compile process died during the symbolic compile ({exc})"
+                logger.warning("compile backend: %s; size %d serves eager, later sizes compile per size",
+                               self._symbolic_failed, size)
+                raise
+            except (RuntimeError, ValueError) as exc:  # the graph cannot travel, or inductor failed there
+                if "not a saveable" in str(exc):  # nothing to compile (chain S=1): per size stores the graph
+                    self._symbolic_failed = "no symbolic code: inductor saved nothing for it"
+                    logger.info("compile backend: %s; compiling per size", self._symbolic_failed)
+                    return
+                logger.warning("compile process: no symbolic compile there (%s); compiling it in this process", exc)
+        compiled: Any = None
+        try:
+            with _RECORD_LOCK, torch.no_grad():
+                before = _fx_source_keys()
+                try:
+                    if raw is not None:
+                        try:
+                            compiled = _load_artifact(raw)
+                        except Exception as exc:  # noqa: BLE001  # the in-process compile decides
+                            logger.warning("compile process: the symbolic code does not load here (%s: %s); "
+                                           "compiling it in this process", type(exc).__name__, exc)
+                            raw = None
+                    if compiled is None:
+                        compiled = compile_symbolic(exact, [*fakes, *constants])
+                        with contextlib.suppress(Exception):  # nothing saveable: it is not stored
+                            raw = _artifact_bytes(compiled) if self._store is not None else None
+                finally:
+                    _evict_fx_sources(_fx_source_keys() - before)
+        except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
+            self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
+            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        if self._store is not None and raw is None:  # not storable: per size stores what it can
+            self._symbolic_failed = "no symbolic code: inductor saved nothing for it"
+            logger.info("compile backend: %s; compiling per size", self._symbolic_failed)
+            return
+        self._symbolic = (compiled, constants)
+        self._symbolic_raw = raw
+        self.symbolic_compiles += 1
+        self.symbolic_compile_s = time.perf_counter() - start
+        logger.info("compile backend: one symbolic compile in %.2f s%s", self.symbolic_compile_s,
+                    " (compile process)" if self._compiler is not None and raw is not None else "")
+
     def _symbolic_runner(self, fn: FlatStep, rec_args: tuple[Tensor, ...], args: tuple[Tensor, ...],
                          gm: fx.GraphModule, size: int) -> tuple[Callable[..., Any] | None, str | None]:
         """(runner, None) replaying the one symbolic compile over ``args`` when it equals ``gm``
         (this size's recording) bitwise, else (None, why); records and compiles it on first use."""
         if self._symbolic is None and self._symbolic_failed is None:
-            _use_cache_dir()
-            start = time.perf_counter()
-            try:
-                with _RECORD_LOCK, torch.no_grad():
-                    before = _fx_source_keys()
-                    try:
-                        sgm, fakes = record_symbolic(fn, rec_args, max(2, self._rows), size)
-                        lifted, constants = _lift_constants(sgm)
-                        exact, _ = keep_aten_reductions(lifted)
-                        compiled = compile_symbolic(exact, [*fakes, *constants])
-                    finally:
-                        _evict_fx_sources(_fx_source_keys() - before)
-            except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
-                self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
-                logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
-                return None, self._symbolic_failed
-            self._symbolic = (compiled, constants)
-            self.symbolic_compiles += 1
-            self.symbolic_compile_s = time.perf_counter() - start
-            logger.info("compile backend: one symbolic compile in %.2f s", self.symbolic_compile_s)
+            self._symbolic_compile(fn, rec_args, size)
         if self._symbolic is None:
             return None, self._symbolic_failed
         compiled, constants = self._symbolic

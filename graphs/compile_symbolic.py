@@ -1,11 +1,13 @@
-"""One compile per step, not per size (opt-in): record with a symbolic batch dimension.
+"""One compile per step, not per size (the default): record with a symbolic batch dimension.
 
 `record_symbolic` records a flat step once with dim 0 of every static input symbolic (a
 `FakeTensorMode` with a `ShapeEnv`; the tensors the step closes over stay real constants), and
 `compile_symbolic` compiles that graph once with inductor
 (``standalone_compile(dynamic_shapes="from_graph")``). The compile backend then replays the one
 compiled function at every captured size, checked bitwise per size against that size's own
-FX recording (`isolated_world`, `worlds_differ`). Measured on the default EAGLE draft
+FX recording (`isolated_world`, `worlds_differ`); the compile may run in the compile process
+(`compile_worker`), and the code is stored once for every size (`compiled_entry.entry_key` with
+no size). ``DRAFTGRAPH_COMPILE_SYMBOLIC=0`` compiles each size on its own instead. Measured on the default EAGLE draft
 forwards (scripts/symbolic_probe.py): bitwise equal to per-size code, +5..+20% per replay.
 
 `isolated_world` copies every distinct storage the inputs use once, and rebuilds each input as
@@ -32,8 +34,8 @@ _ENV = "DRAFTGRAPH_COMPILE_SYMBOLIC"
 
 
 def symbolic_default() -> bool:
-    """``DRAFTGRAPH_COMPILE_SYMBOLIC`` ("1"/"0", default "0") as a bool (ValueError otherwise)."""
-    value = os.environ.get(_ENV, "0").strip() or "0"
+    """``DRAFTGRAPH_COMPILE_SYMBOLIC`` ("1"/"0", default "1") as a bool (ValueError otherwise)."""
+    value = os.environ.get(_ENV, "1").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{_ENV}={value!r}: must be '0' or '1'")
     return value == "1"
@@ -51,6 +53,7 @@ def record_symbolic(fn: FlatStep, args: Sequence[Tensor], hint: int, size: int
     if hint < 2:
         raise ValueError(f"hint={hint}: must be >= 2 (sizes 0 and 1 specialize)")
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    mode.cache_enabled = False  # its dispatch cache is process-wide: entries of each record stayed
     fakes = []
     for a in args:
         if a.dim() == 0:
@@ -72,6 +75,9 @@ def compile_symbolic(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[
     """Inductor's one compile of a symbolic graph (fake inputs, then real constants)."""
     from torch._inductor import standalone_compile
 
+    from .aten_reductions import register_inductor_lowerings
+
+    register_inductor_lowerings()
     return standalone_compile(gm, example_inputs, dynamic_shapes="from_graph")
 
 

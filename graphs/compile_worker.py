@@ -6,7 +6,8 @@ fell from 1,669 to 74-190 tokens/s). `CompileWorker.compile` sends the recorded,
 constant-lifted aten graph (node for node, as plain data: `graph_wire`; no tensors) and the
 shapes, strides and dtypes of its inputs to a process of its own, which compiles it
 (``standalone_compile``, specialized on those shapes, over zero-filled stand-ins: the values
-never reach the code) and returns the artifact's bytes; the caller loads them
+never reach the code; or once with a symbolic batch dimension, over fake inputs, for
+`compile_symbolic`) and returns the artifact's bytes; the caller loads them
 (`backend_compile._load_artifact`, milliseconds) and checks the result bitwise as it checks
 an in-process compile. The process (`_serve` run by ``python -c``, length-prefixed pickles
 over its stdin and stdout: a private pipe) is started on first use (it imports torch and
@@ -47,21 +48,48 @@ def _meta(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     return tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")
 
 
+def _symbolic_inputs(gm: fx.GraphModule, metas: list[tuple[tuple[int, ...], tuple[int, ...], str]], dynamic: int
+                     ) -> tuple[fx.GraphModule, list[Tensor]]:
+    """``gm`` traced again over fake inputs shaped by ``metas``, dim 0 of the first ``dynamic``
+    symbolic (one `ShapeEnv`): the rebuilt graph carries no node metadata, and a compile
+    ``from_graph`` reads its symbols from there; (the traced graph, its fake inputs)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    mode.cache_enabled = False  # a process-wide cache: entries of each compile would stay
+    fakes = []
+    for i, (shape, stride, dtype) in enumerate(metas):
+        like = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype))
+        dims = [DimDynamic.DYNAMIC if i < dynamic and d == 0 else DimDynamic.STATIC for d in range(len(shape))]
+        fakes.append(mode.from_tensor(like, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+    with mode:
+        traced = make_fx(gm, tracing_mode="fake", _allow_non_fake_inputs=True)(*fakes)
+    return traced, fakes
+
+
 def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int, ...], tuple[int, ...], str]],
-                      threads: int) -> tuple[bytes, float]:
+                      threads: int, dynamic: int = 0) -> tuple[bytes, float]:
     """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
     threads (inductor's CPU code depends on it, and so does its cache key: the same count
-    makes the same code and shares the parent's cache entries)."""
+    makes the same code and shares the parent's cache entries). ``dynamic`` > 0: dim 0 of the
+    first ``dynamic`` inputs is symbolic, one compile for every batch size (`compile_symbolic`)."""
     from .backend_compile import _artifact_bytes, _inductor_artifact
+    from .compile_symbolic import compile_symbolic
 
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     gm = graph_from_wire(graph)
-    inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
-              for shape, stride, dtype in metas]
     start = time.perf_counter()
     with torch.no_grad():
-        artifact = _inductor_artifact(gm, inputs)
+        if dynamic:
+            traced, fakes = _symbolic_inputs(gm, metas, dynamic)
+            artifact = compile_symbolic(traced, fakes)
+        else:
+            inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
+                      for shape, stride, dtype in metas]
+            artifact = _inductor_artifact(gm, inputs)
     return _artifact_bytes(artifact), time.perf_counter() - start
 
 
@@ -110,11 +138,11 @@ def _serve() -> None:
         importlib.import_module(name)
     while True:
         try:
-            graph, metas, threads = _receive(sys.stdin.buffer)
+            graph, metas, threads, dynamic = _receive(sys.stdin.buffer)
         except EOFError:
             return
         try:
-            answer = ("ok", *_compile_in_child(graph, metas, threads))
+            answer = ("ok", *_compile_in_child(graph, metas, threads, dynamic))
         except Exception as exc:  # inductor's error goes back to the caller, the process goes on
             answer = ("error", f"{type(exc).__name__}: {exc}", 0.0)
         _send(out, answer)
@@ -140,10 +168,15 @@ class CompileWorker:
         code = "from draftgraph.graphs.compile_worker import _serve; _serve()"
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
-    def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor]) -> bytes:
-        """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs``.
-        `CompileWorkerDied` when the process ended; inductor's own errors raise RuntimeError."""
-        request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads())
+    def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor], dynamic: int = 0) -> bytes:
+        """The saveable artifact bytes of ``gm`` compiled for inputs shaped like ``inputs`` (only
+        their shapes, strides and dtypes travel: "meta" tensors will do); ``dynamic`` > 0: one
+        compile with dim 0 of the first ``dynamic`` inputs symbolic (their dim 0 is the example
+        size, >= 2). `CompileWorkerDied` when the process ended; inductor's own errors raise
+        RuntimeError."""
+        if not isinstance(dynamic, int) or isinstance(dynamic, bool) or not 0 <= dynamic <= len(inputs):
+            raise ValueError(f"dynamic={dynamic!r}: must be an int from 0 to the {len(inputs)} inputs")
+        request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads(), dynamic)
         with self._lock:
             if self._closing:  # closed for good: a unit recorded after close() must not start a new one
                 raise CompileWorkerDied("the compile process was closed")

@@ -11,7 +11,9 @@ in-place weight update reaches a loaded step exactly as it reaches a compiled on
 The key (`entry_key`) is a SHA-256 over the caller's structure string (what the step is:
 model, configuration, code version), the size, the static inputs' and the constant table's
 metadata (shape, stride, offset, dtype, device), the torch version, the CPU capability and
-the backend: a different structure, torch or backend never loads another's code. A store
+the backend: a different structure, torch or backend never loads another's code. A symbolic
+entry (one compile with a symbolic batch dimension, `compile_symbolic`) has a key of its own
+without the size, and its manifest holds each checked size's outputs (``sizes``). A store
 (`CompiledStore`, given by the caller: graphs/ does no file I/O of its own) keeps the bytes.
 A payload that cannot be parsed or loaded is refused through the store (named, removed) and
 the size is recorded and compiled again.
@@ -137,15 +139,23 @@ def _storage_ptr(t: Tensor) -> int:
         return 0
 
 
-def entry_key(structure: str, size: int, inputs: tuple[Tensor, ...], table: ConstantTable, backend: str) -> str:
-    """SHA-256 hex of everything a stored entry's code depends on (see the module docstring)."""
+def entry_key(structure: str, size: int | None, inputs: tuple[Tensor, ...], table: ConstantTable, backend: str
+              ) -> str:
+    """SHA-256 hex of everything a stored entry's code depends on (see the module docstring).
+    ``size`` None: the key of a symbolic entry (one code for every batch size): the inputs'
+    dim 0 is left out and the key says "symbolic", so it never equals a per-size key."""
     try:
         cpu = torch.backends.cpu.get_cpu_capability()
     except (AttributeError, RuntimeError):
         cpu = "unknown"
-    spec = {"format": FORMAT, "structure": structure, "size": size, "inputs": [_meta(t) for t in inputs],
-            "constants": table.describe(), "torch": torch.__version__, "python": sys.version.split()[0],
-            "cpu": cpu, "backend": backend}
+    metas = [_meta(t) for t in inputs]
+    if size is None:
+        for m in metas:
+            m[0] = m[0][1:]
+    spec = {"format": FORMAT, "structure": structure, "size": "symbolic" if size is None else size,
+            "inputs": metas, "constants": table.describe(), "torch": torch.__version__,
+            "python": sys.version.split()[0], "cpu": cpu,
+            "backend": backend if size is not None else f"{backend}+symbolic"}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 

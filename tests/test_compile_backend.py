@@ -89,6 +89,8 @@ def test_compile_equals_fx_replay_outputs_and_writes(pair, b, seed):
 
 
 def _manager_with(monkeypatch, compile_fn) -> GraphCaptureManager:
+    """The per-size compile's rules (the symbolic route's own: tests/test_compile_symbolic.py)."""
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "0")
     monkeypatch.setattr(compile_module, "_inductor_compile", compile_fn)
     step, _ = _counter_step()
     m = GraphCaptureManager(step, _static(), (4,), backend="compile", pad_values={"ids": 7})

@@ -32,6 +32,15 @@ pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C++ compile
 SIZES = (1, 2)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _per_size():
+    """Per-size entries, one per size (the symbolic entry, one per step: test_compile_symbolic.py)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "0")
+    yield
+    mp.undo()
+
+
 def _args() -> RuntimeArgs:
     return RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=SIZES)))
 
