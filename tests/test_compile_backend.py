@@ -190,19 +190,24 @@ for i in range(30):  # warm-up: both graphs compiled, caches and malloc arenas s
 proc = psutil.Process()
 gc.collect()
 rss, modules, loaded = proc.memory_info().rss, len(sys.modules), len(PyCodeCache.modules)
-for i in range(50):
-    w.reload(args(2 + i % 2))
-    w.draft_forward(make_draft_input(1, 1))
-gc.collect()
-print(json.dumps({"grown": proc.memory_info().rss - rss, "modules": len(sys.modules) - modules,
+grown = []
+for window in range(2):  # two windows of 50: settling, then steady
+    for i in range(50):
+        w.reload(args(2 + i % 2))
+        w.draft_forward(make_draft_input(1, 1))
+    gc.collect()
+    now = proc.memory_info().rss
+    grown.append(now - rss)
+    rss = now
+print(json.dumps({"grown": grown, "modules": len(sys.modules) - modules,
                   "loaded": len(PyCodeCache.modules) - loaded, "reloads": w.counters.reloads,
                   "engine": w.state.graphs.stats.sizes[1].engine}))
 """
 
 
-def test_50_reloads_with_compile_keep_memory_flat():
+def test_reloads_with_compile_keep_memory_flat():
     """In a process of its own (pytest keeps every log record inductor emits, which is not what
-    a server does): 50 reloads, each compiling, after a warm-up."""
+    a server does): 2 x 50 reloads, each compiling, after a warm-up."""
     import json
     import subprocess
     import sys
@@ -210,9 +215,15 @@ def test_50_reloads_with_compile_keep_memory_flat():
     p = subprocess.run([sys.executable, "-c", _RELOADS], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["engine"] == "inductor" and r["reloads"] == 80
+    assert r["engine"] == "inductor" and r["reloads"] == 130
     assert r["modules"] == 0 and r["loaded"] == 0  # a released graph's generated module is forgotten
-    assert r["grown"] < 5 * 2**20, f"RSS grew by {r['grown'] / 2**20:.2f} MB over 50 reloads with compile"
+    # process-wide caches (allocator arenas, sympy's bounded caches) still settle over the first
+    # window (measured 1.8-4 MB, 7 MB on a loaded machine) and then level off (0.4-0.6 MB for the
+    # next 50); a leak of one graph's worth per reload (>= 50 KB) grows every window alike
+    first, second = r["grown"]
+    assert second < 2.5 * 2**20, f"RSS grew by {second / 2**20:.2f} MB over the second 50 reloads " \
+                                 f"(first 50: {first / 2**20:.2f} MB): memory grows with reloads"
+    assert first + second < 12 * 2**20, f"RSS grew by {(first + second) / 2**20:.2f} MB over 100 reloads"
 
 
 def test_begin_builds_inductors_plain_fx_graph_in_the_calling_thread():
