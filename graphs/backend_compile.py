@@ -34,6 +34,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,9 @@ class CompileBackend(TraceBackend):
         self._symbolic_fetched = False  # the store was asked for the symbolic entry
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
+        # recorded, its compile queued (`prepare`): (graph, fakes, constants, future or None, start)
+        self._symbolic_pending: tuple[Any, ...] | None = None
+        self.compiles = 0  # compiles run (symbolic and per size, here or in the compile process)
         self.symbolic_compiles = 0
         self.symbolic_compile_s = 0.0
         self.symbolic_sizes: list[int] = []
@@ -507,6 +511,7 @@ class CompileBackend(TraceBackend):
         gm = graph.module
         start = time.perf_counter()
         modules_before = {id(m) for m in _loaded_modules()}
+        compiles_before = self.compiles
         runner = None
         try:
             if self.symbolic and self._compile_fn is None:
@@ -529,6 +534,7 @@ class CompileBackend(TraceBackend):
         graph.release_hooks.append(lambda: _forget_modules(mine))
         self.compile_s[size] = elapsed
         graph.compile_s = elapsed
+        graph.compiles = self.compiles - compiles_before
         if runner is None:
             self.fallbacks += 1
             graph.fallback_reason = reason
@@ -570,12 +576,37 @@ class CompileBackend(TraceBackend):
             logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
                         graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
 
-    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
-        """Record ``fn`` once with a symbolic batch dimension and compile that once (in the compile
-        process when there is one: only the graph and its inputs' metadata travel, and this
-        process loads the returned code); sets ``_symbolic``, or ``_symbolic_failed`` (every size
-        then compiles on its own). `CompileWorkerDied` when the compile process died: this
-        size serves eager as a per-size unit would, and later sizes compile per size."""
+    def prepare(self, size: int, fn: FlatStep, args: tuple[Tensor, ...],
+                trace_args: tuple[Tensor, ...] | None = None) -> bool:
+        """Record the step once with a symbolic batch dimension and queue its compile in the
+        compile process, without waiting (`CompileWorker.submit`): the first `capture` then only
+        waits for what is left of it, and the caller may record other graphs meanwhile. Only with
+        a compile process, the symbolic route and no stored symbolic code; True when a compile
+        was queued (a second call queues nothing)."""
+        if not self.symbolic or self._compiler is None or self._compile_fn is not None:
+            return False
+        if self._symbolic is not None or self._symbolic_failed is not None or self._symbolic_pending is not None:
+            return False
+        if self._store is not None and not self._symbolic_fetched:
+            self._symbolic_fetched = True
+            self._fetch_symbolic(args)  # stored code: nothing to compile
+            if self._symbolic is not None:
+                return False
+        self._symbolic_submit(fn, args if trace_args is None else trace_args, size)
+        return self._symbolic_pending is not None
+
+    def release(self) -> None:
+        """Drop the shared output buffers and a queued symbolic compile (never sent, if still queued)."""
+        pending, self._symbolic_pending = self._symbolic_pending, None
+        if pending is not None and pending[3] is not None:
+            pending[3].cancel()
+        super().release()
+
+    def _symbolic_submit(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
+        """Record ``fn`` once with a symbolic batch dimension and, with a compile process, queue its
+        compile there (only the graph and its inputs' metadata travel); sets ``_symbolic_pending``
+        (what `_symbolic_compile` finishes), or ``_symbolic_failed`` (every size then compiles on
+        its own)."""
         _use_cache_dir()
         start = time.perf_counter()
         hint = max(2, self._rows)
@@ -592,12 +623,34 @@ class CompileBackend(TraceBackend):
             self._symbolic_failed = f"no symbolic recording: {type(exc).__name__}: {exc}"
             logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
             return
-        raw: bytes | None = None
+        future: Future[bytes] | None = None
         if self._compiler is not None:
             stand_ins = [torch.empty_strided((hint, *a.shape[1:]), a.stride(), dtype=a.dtype, device="meta")
                          for a in rec_args]
+            future = Future()
+            try:  # queued: this process goes on recording and serving while it compiles
+                future = self._compiler.submit(exact, [*stand_ins, *constants], dynamic=len(rec_args))
+                self.compiles += 1
+            except Exception as exc:  # noqa: BLE001  # cannot travel, or closed: settled as a compile would be
+                future.set_exception(exc)
+        self._symbolic_pending = (exact, fakes, constants, future, start)
+
+    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
+        """Finish the symbolic compile `prepare` queued (record and queue it first when it did not):
+        wait for the compile process's code and load it (or compile here when there is no compile
+        process, or it failed there); sets ``_symbolic``, or ``_symbolic_failed`` (every size then
+        compiles on its own). `CompileWorkerDied` when the compile process died: this size serves
+        eager as a per-size unit would, and later sizes compile per size."""
+        if self._symbolic_pending is None:
+            self._symbolic_submit(fn, rec_args, size)
+        pending, self._symbolic_pending = self._symbolic_pending, None
+        if pending is None:
+            return
+        exact, fakes, constants, future, start = pending
+        raw: bytes | None = None
+        if future is not None:
             try:  # no lock held: this process goes on serving
-                raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
+                raw = future.result()
             except CompileWorkerDied as exc:
                 self._symbolic_failed = f"the compile process died during the symbolic compile ({exc})"
                 logger.warning("compile backend: %s; size %d serves eager, later sizes compile per size",
@@ -622,6 +675,7 @@ class CompileBackend(TraceBackend):
                                            "compiling it in this process", type(exc).__name__, exc)
                             raw = None
                     if compiled is None:
+                        self.compiles += 1
                         compiled = compile_symbolic(exact, [*fakes, *constants])
                         with contextlib.suppress(Exception):  # nothing saveable: it is not stored
                             raw = _artifact_bytes(compiled) if self._store is not None else None
@@ -686,6 +740,7 @@ class CompileBackend(TraceBackend):
         raw: bytes | None = None
         if self._compiler is not None and self._compile_fn is None:
             try:
+                self.compiles += 1
                 raw = self._compiler.compile(exact, inputs)  # no lock held: this process goes on serving
             except CompileWorkerDied:
                 raise
@@ -710,6 +765,7 @@ class CompileBackend(TraceBackend):
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
             if raw is None:
                 before = _fx_source_keys()
+                self.compiles += 1
                 try:
                     compiled = compile_fn(exact, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs

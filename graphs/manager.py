@@ -254,7 +254,7 @@ class GraphCaptureManager:
         for s, rec in sorted(self._records.items()):
             usage = c.usage(s)
             sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows,
-                                 rec.compile_s, rec.engine, rec.fallback, rec.source)
+                                 rec.compile_s, rec.engine, rec.fallback, rec.source, rec.compiles)
         return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), captures=self._captures,
                             replays=c.replays, eager_fallbacks=c.eager_fallbacks, eager_runs=c.eager_runs,
                             debug_checks=c.debug_checks)
@@ -353,7 +353,8 @@ class GraphCaptureManager:
                                     engine="eager" if getattr(graph, "prefer_eager", False)
                                     else str(getattr(graph, "engine", backend.name)),
                                     fallback=getattr(graph, "fallback_reason", None),
-                                    source=str(getattr(graph, "source", "recorded")))
+                                    source=str(getattr(graph, "source", "recorded")),
+                                    compiles=int(getattr(graph, "compiles", 0)))
 
     @staticmethod
     def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:
@@ -379,6 +380,26 @@ class GraphCaptureManager:
             self._captured_ptrs = self._static.data_ptrs()
         if self._backend_name == "compile":  # before any thread compiles (see its docstring)
             prepare_background_compile()
+
+    def prepare_compile(self) -> bool:
+        """Start what the pending sizes' captures share without waiting for it: the compile
+        backend records the step once with a symbolic batch dimension and queues its compile in
+        the compile process (`CompileBackend.prepare`), so a caller can record and check other
+        graphs while it compiles. True when a compile was queued; False when there is nothing to
+        start (another backend, no compile process, stored code, or already started)."""
+        if self._backend_name != "compile" or not self.compiles_elsewhere:
+            return False
+        with self._lock:
+            if not self._started or not self._pending:
+                return False
+            epoch = self._epoch
+            size = max(self._pending)
+        backend = self._incremental_backend(epoch)
+        prepare = getattr(backend, "prepare", None)
+        if prepare is None:
+            return False
+        with suppress_spans():  # as a capture: spans in the step would become graph ops
+            return bool(prepare(size, self._flat_step, self._static.views(size), self._static.shadow_views(size)))
 
     def capture_size(self, size: int) -> float:
         """Capture one pending size and publish it (one dict assignment: a concurrent `lookup`
