@@ -630,7 +630,6 @@ class CompileBackend(TraceBackend):
             future = Future()
             try:  # queued: this process goes on recording and serving while it compiles
                 future = self._compiler.submit(exact, [*stand_ins, *constants], dynamic=len(rec_args))
-                self.compiles += 1
             except Exception as exc:  # noqa: BLE001  # cannot travel, or closed: settled as a compile would be
                 future.set_exception(exc)
         self._symbolic_pending = (exact, fakes, constants, future, start)
@@ -649,6 +648,7 @@ class CompileBackend(TraceBackend):
         exact, fakes, constants, future, start = pending
         raw: bytes | None = None
         if future is not None:
+            self.compiles += 1  # counted by the capture that waits for it (`prepare` only queued it)
             try:  # no lock held: this process goes on serving
                 raw = future.result()
             except CompileWorkerDied as exc:

@@ -10,7 +10,11 @@ batches first (counted by padded size), the smallest first before any batch was 
 Where units run depends on the backend. Trace and compile record over stand-ins of the static
 rows, so a background thread may run them beside serving. A CUDA capture must not overlap
 kernels that other threads launch, so CUDA units run at step boundaries: the engine calls
-`run_for(budget_s)` between steps, holding the worker's lock.
+`run_for(budget_s)` between steps, holding the worker's lock. Units that compile in the compile
+process (``paced=False``) start their entry's shared compile, and the next entry's, before the
+unit runs (`GraphCaptureManager.prepare_compile`: the symbolic step is recorded and its compile
+queued there): the process compiles the next state while this thread records and checks the
+sizes of this one.
 
 A unit that raises anything (an Exception or any other BaseException: SystemExit, a
 KeyboardInterrupt raised inside it) counts as failed (``units_failed``, logged; its size serves
