@@ -375,3 +375,58 @@ def test_engine_close_reports_a_capture_still_running():
     finally:
         release.set()
     assert engine.close(timeout_s=30) is True
+
+
+# ---- issue 30: the next state's compile starts before this state's sizes are checked ----------
+class _FakeState:
+    """What the queue reads and adds to on a state."""
+
+    def __init__(self) -> None:
+        self.capture_s = self.compile_s = 0.0
+        self.capture_bytes = 0
+        self.nodes: dict[int, int | None] = {}
+        self.phases = None
+
+
+class _FakeManager:
+    """A manager whose units only note themselves in ``events`` (no recording, no compile)."""
+
+    def __init__(self, name: str, sizes: tuple[int, ...], events: list) -> None:
+        self.name, self.events = name, events
+        self.pending_sizes = sizes
+        self.stats = type("Stats", (), {"sizes": {}})()
+
+    def padded_size(self, b: int) -> int | None:
+        return b if b in self.pending_sizes else None
+
+    def node_count(self, size: int) -> None:
+        return None
+
+    def prepare_compile(self) -> bool:
+        self.events.append(("prepare", self.name))
+        return True
+
+    def capture_size(self, size: int) -> float:
+        self.events.append(("capture", self.name, size))
+        self.pending_sizes = tuple(s for s in self.pending_sizes if s != size)
+        return 0.0
+
+
+def test_units_that_compile_elsewhere_start_the_next_states_compile_first():
+    """Before a unit runs, its entry's shared compile and the next entry's start (once each), so
+    the compile process works on state k+1 while state k's sizes are recorded and checked; a
+    paced entry (compiled here) starts nothing ahead."""
+    from draftgraph.runtime.capture_queue import CaptureQueue
+
+    events: list = []
+    states = [_FakeState() for _ in range(4)]
+    q = CaptureQueue(lambda: states[0])
+    for name, state in zip("ABC", states):
+        q.add(state, _FakeManager(name, (1, 2), events), background_thread=False, paced=False)
+    q.add(states[3], _FakeManager("D", (1,), events), background_thread=False, paced=True)
+    while q.run_one():
+        pass
+    assert events == [("prepare", "A"), ("prepare", "B"), ("capture", "A", 1), ("capture", "A", 2),
+                      ("prepare", "C"), ("capture", "B", 1), ("capture", "B", 2),
+                      ("capture", "C", 1), ("capture", "C", 2), ("capture", "D", 1)]
+    assert q.units_run == 7 and q.units_failed == 0
