@@ -34,7 +34,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -217,10 +216,8 @@ class CompileBackend(TraceBackend):
         self._symbolic_fetched = False  # the store was asked for the symbolic entry
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
-        # recorded, its compile queued (`prepare`): (graph, fakes, constants, future or None, start)
-        self._symbolic_pending: tuple[Any, ...] | None = None
-        self.compiles = 0  # compiles run (symbolic and per size, here or in the compile process)
         self.symbolic_compiles = 0
+        self.compiles = 0  # compiles run (symbolic and per size, here or in the compile process)
         self.symbolic_compile_s = 0.0
         self.symbolic_sizes: list[int] = []
         self.replay_engine = "fx"  # the recorded graph; the compiled runner replaces it per size
@@ -576,37 +573,12 @@ class CompileBackend(TraceBackend):
             logger.info("compile backend: size %d serves eager (replay %.0f us >= eager %.0f us)",
                         graph.size, graph.replay_s * 1e6, graph.eager_s * 1e6)
 
-    def prepare(self, size: int, fn: FlatStep, args: tuple[Tensor, ...],
-                trace_args: tuple[Tensor, ...] | None = None) -> bool:
-        """Record the step once with a symbolic batch dimension and queue its compile in the
-        compile process, without waiting (`CompileWorker.submit`): the first `capture` then only
-        waits for what is left of it, and the caller may record other graphs meanwhile. Only with
-        a compile process, the symbolic route and no stored symbolic code; True when a compile
-        was queued (a second call queues nothing)."""
-        if not self.symbolic or self._compiler is None or self._compile_fn is not None:
-            return False
-        if self._symbolic is not None or self._symbolic_failed is not None or self._symbolic_pending is not None:
-            return False
-        if self._store is not None and not self._symbolic_fetched:
-            self._symbolic_fetched = True
-            self._fetch_symbolic(args)  # stored code: nothing to compile
-            if self._symbolic is not None:
-                return False
-        self._symbolic_submit(fn, args if trace_args is None else trace_args, size)
-        return self._symbolic_pending is not None
-
-    def release(self) -> None:
-        """Drop the shared output buffers and a queued symbolic compile (never sent, if still queued)."""
-        pending, self._symbolic_pending = self._symbolic_pending, None
-        if pending is not None and pending[3] is not None:
-            pending[3].cancel()
-        super().release()
-
-    def _symbolic_submit(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
-        """Record ``fn`` once with a symbolic batch dimension and, with a compile process, queue its
-        compile there (only the graph and its inputs' metadata travel); sets ``_symbolic_pending``
-        (what `_symbolic_compile` finishes), or ``_symbolic_failed`` (every size then compiles on
-        its own)."""
+    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
+        """Record ``fn`` once with a symbolic batch dimension and compile that once (in the compile
+        process when there is one: only the graph and its inputs' metadata travel, and this
+        process loads the returned code); sets ``_symbolic``, or ``_symbolic_failed`` (every size
+        then compiles on its own). `CompileWorkerDied` when the compile process died: this
+        size serves eager as a per-size unit would, and later sizes compile per size."""
         _use_cache_dir()
         start = time.perf_counter()
         hint = max(2, self._rows)
@@ -623,34 +595,13 @@ class CompileBackend(TraceBackend):
             self._symbolic_failed = f"no symbolic recording: {type(exc).__name__}: {exc}"
             logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
             return
-        future: Future[bytes] | None = None
+        raw: bytes | None = None
         if self._compiler is not None:
             stand_ins = [torch.empty_strided((hint, *a.shape[1:]), a.stride(), dtype=a.dtype, device="meta")
                          for a in rec_args]
-            future = Future()
-            try:  # queued: this process goes on recording and serving while it compiles
-                future = self._compiler.submit(exact, [*stand_ins, *constants], dynamic=len(rec_args))
-            except Exception as exc:  # noqa: BLE001  # cannot travel, or closed: settled as a compile would be
-                future.set_exception(exc)
-        self._symbolic_pending = (exact, fakes, constants, future, start)
-
-    def _symbolic_compile(self, fn: FlatStep, rec_args: tuple[Tensor, ...], size: int) -> None:
-        """Finish the symbolic compile `prepare` queued (record and queue it first when it did not):
-        wait for the compile process's code and load it (or compile here when there is no compile
-        process, or it failed there); sets ``_symbolic``, or ``_symbolic_failed`` (every size then
-        compiles on its own). `CompileWorkerDied` when the compile process died: this size serves
-        eager as a per-size unit would, and later sizes compile per size."""
-        if self._symbolic_pending is None:
-            self._symbolic_submit(fn, rec_args, size)
-        pending, self._symbolic_pending = self._symbolic_pending, None
-        if pending is None:
-            return
-        exact, fakes, constants, future, start = pending
-        raw: bytes | None = None
-        if future is not None:
-            self.compiles += 1  # counted by the capture that waits for it (`prepare` only queued it)
+            self.compiles += 1
             try:  # no lock held: this process goes on serving
-                raw = future.result()
+                raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
             except CompileWorkerDied as exc:
                 self._symbolic_failed = f"the compile process died during the symbolic compile ({exc})"
                 logger.warning("compile backend: %s; size %d serves eager, later sizes compile per size",

@@ -13,10 +13,7 @@ an in-process compile. The process (`_serve` run by ``python -c``, length-prefix
 over its stdin and stdout: a private pipe) is started on first use (it imports torch and
 inductor once), reused, and runs at a lower priority; it uses the same inductor cache folder.
 When it dies the call raises `CompileWorkerDied` (the caller's size stays eager, counted) and
-the next request starts a new one. `CompileWorker.submit` queues a request and returns a future
-at once: the process compiles queued requests one after another, so the caller records and
-checks other graphs meanwhile (the compile backend submits the next state's symbolic graph
-before it checks this state's sizes). ``compile_s`` sums the seconds spent compiling in the process.
+the next call starts a new one. ``compile_s`` sums the seconds spent compiling in the process.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -153,17 +149,12 @@ def _serve() -> None:
 
 
 class CompileWorker:
-    """A reusable compile process (see the module docstring). Thread-safe: requests queue and the
-    process compiles them one after another, in the order they came (`submit` returns at once
-    with a future; `compile` waits for it). A thread of this object's own sends each request
-    and reads its answer; it ends when none is queued."""
+    """A reusable compile process (see the module docstring). Thread-safe (one compile at a time)."""
 
     def __init__(self, cache_dir: str | None = None) -> None:
         self._cache_dir = cache_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
-        self._requests: list[tuple[Any, Future[bytes]]] = []  # waiting to be sent, oldest first
-        self._thread: threading.Thread | None = None  # sends them; None when none is queued
         self._closing = False  # close() ends the process for good: a compile cut off then is no death
         self.compiles = 0
         self.deaths = 0
@@ -182,67 +173,34 @@ class CompileWorker:
         their shapes, strides and dtypes travel: "meta" tensors will do); ``dynamic`` > 0: one
         compile with dim 0 of the first ``dynamic`` inputs symbolic (their dim 0 is the example
         size, >= 2). `CompileWorkerDied` when the process ended; inductor's own errors raise
-        RuntimeError. `submit`, waited for."""
-        return self.submit(gm, inputs, dynamic).result()
-
-    def submit(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor], dynamic: int = 0
-               ) -> Future[bytes]:
-        """Queue the compile `compile` describes and return at once: a future of its artifact
-        bytes (its exception: `CompileWorkerDied`, or RuntimeError from inductor). The graph is
-        turned into plain data here (ValueError when it cannot travel); the process compiles
-        the queued requests one after another, so a caller can record the next graph while it
-        compiles this one."""
+        RuntimeError."""
         if not isinstance(dynamic, int) or isinstance(dynamic, bool) or not 0 <= dynamic <= len(inputs):
             raise ValueError(f"dynamic={dynamic!r}: must be an int from 0 to the {len(inputs)} inputs")
         request = (graph_to_wire(gm), [_meta(t) for t in inputs], torch.get_num_threads(), dynamic)
-        future: Future[bytes] = Future()
         with self._lock:
             if self._closing:  # closed for good: a unit recorded after close() must not start a new one
                 raise CompileWorkerDied("the compile process was closed")
-            self._requests.append((request, future))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._send_queued, name="draftgraph-compile-pipe",
-                                                daemon=True)
-                self._thread.start()
-        return future
-
-    def _send_queued(self) -> None:
-        """The pipe's thread: send each queued request, read its answer, settle its future; ends
-        when none is queued (the next `submit` starts another)."""
-        while True:
-            with self._lock:
-                if not self._requests or self._closing:
-                    self._thread = None
-                    return
-                request, future = self._requests.pop(0)
-                if not future.set_running_or_notify_cancel():
-                    continue
-                if self._proc is None or self._proc.poll() is not None:
-                    self._proc = self._start()
-                proc = self._proc
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            proc = self._proc
             try:
                 _send(proc.stdin, request)
                 status, payload, seconds = _receive(proc.stdout)
             except (EOFError, OSError, pickle.UnpicklingError) as exc:
-                with self._lock:
-                    if self._proc is proc:
-                        self._proc = None
+                self._proc = None
                 with contextlib.suppress(OSError):
                     proc.kill()
                 code = proc.wait()
                 if self._closing:
-                    future.set_exception(CompileWorkerDied("the compile process was closed"))
-                    continue
+                    raise CompileWorkerDied("the compile process was closed") from exc
                 self.deaths += 1
                 logger.warning("compile process died (exit %s: %s); the next compile starts a new one", code, exc)
-                future.set_exception(CompileWorkerDied(f"the compile process died (exit {code})"))
-                continue
-            if status != "ok":
-                future.set_exception(RuntimeError(f"compile process: {payload}"))
-                continue
-            self.compiles += 1
-            self.compile_s += seconds
-            future.set_result(payload)
+                raise CompileWorkerDied(f"the compile process died (exit {code})") from exc
+        if status != "ok":
+            raise RuntimeError(f"compile process: {payload}")
+        self.compiles += 1
+        self.compile_s += seconds
+        return payload
 
     def pid(self) -> int | None:
         """The compile process's id (None before the first compile or after it died)."""
@@ -250,17 +208,12 @@ class CompileWorker:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def close(self) -> None:
-        """End the compile process for good: a compile in progress or queued raises
-        `CompileWorkerDied` at once (the process is killed) and so does every later one (before, a unit still
+        """End the compile process for good: a compile in progress raises `CompileWorkerDied`
+        at once (the process is killed) and so does every later one (before, a unit still
         recording when the capture stopped started a new process and compiled on after the
         engine's close)."""
-        with self._lock:
-            self._closing = True
-            queued, self._requests = self._requests, []
-            proc = self._proc
-        for _, future in queued:  # never sent: each caller waiting on one returns at once
-            if future.set_running_or_notify_cancel():
-                future.set_exception(CompileWorkerDied("the compile process was closed"))
+        self._closing = True
+        proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()

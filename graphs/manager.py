@@ -381,26 +381,6 @@ class GraphCaptureManager:
         if self._backend_name == "compile":  # before any thread compiles (see its docstring)
             prepare_background_compile()
 
-    def prepare_compile(self) -> bool:
-        """Start what the pending sizes' captures share without waiting for it: the compile
-        backend records the step once with a symbolic batch dimension and queues its compile in
-        the compile process (`CompileBackend.prepare`), so a caller can record and check other
-        graphs while it compiles. True when a compile was queued; False when there is nothing to
-        start (another backend, no compile process, stored code, or already started)."""
-        if self._backend_name != "compile" or not self.compiles_elsewhere:
-            return False
-        with self._lock:
-            if not self._started or not self._pending:
-                return False
-            epoch = self._epoch
-            size = max(self._pending)
-        backend = self._incremental_backend(epoch)
-        prepare = getattr(backend, "prepare", None)
-        if prepare is None:
-            return False
-        with suppress_spans():  # as a capture: spans in the step would become graph ops
-            return bool(prepare(size, self._flat_step, self._static.views(size), self._static.shadow_views(size)))
-
     def capture_size(self, size: int) -> float:
         """Capture one pending size and publish it (one dict assignment: a concurrent `lookup`
         sees the whole graph or none); returns the seconds it took.

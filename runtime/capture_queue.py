@@ -10,11 +10,7 @@ batches first (counted by padded size), the smallest first before any batch was 
 Where units run depends on the backend. Trace and compile record over stand-ins of the static
 rows, so a background thread may run them beside serving. A CUDA capture must not overlap
 kernels that other threads launch, so CUDA units run at step boundaries: the engine calls
-`run_for(budget_s)` between steps, holding the worker's lock. Units that compile in the compile
-process (``paced=False``) start their entry's shared compile, and the next entry's, before the
-unit runs (`GraphCaptureManager.prepare_compile`: the symbolic step is recorded and its compile
-queued there): the process compiles the next state while this thread records and checks the
-sizes of this one.
+`run_for(budget_s)` between steps, holding the worker's lock.
 
 A unit that raises anything (an Exception or any other BaseException: SystemExit, a
 KeyboardInterrupt raised inside it) counts as failed (``units_failed``, logged; its size serves
@@ -53,7 +49,7 @@ class _Entry:
     """One queued manager: its state, the order it was queued in, and its phase (None: the
     state's draft step; else the name of one of the host's phases, see `runtime.phases`)."""
 
-    __slots__ = ("manager", "order", "paced", "phase", "prepared", "state")
+    __slots__ = ("manager", "order", "paced", "phase", "state")
 
     def __init__(self, state: RuntimeState, manager: Any, order: int, paced: bool = True,
                  phase: str | None = None) -> None:
@@ -62,7 +58,6 @@ class _Entry:
         self.order = order
         self.paced = paced
         self.phase = phase
-        self.prepared = False  # its shared compile was started (`GraphCaptureManager.prepare_compile`)
 
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
@@ -151,14 +146,11 @@ class CaptureQueue:
             self.idle_since = time.perf_counter()
             self._done.notify_all()
 
-    def _pick(self) -> tuple[_Entry, int, list[_Entry]] | None:
-        """The next unit (see the module docstring) and the entries whose shared compile starts
-        before it runs (its own and the next entry's, once each), or None; the caller holds the
-        lock."""
+    def _pick(self) -> tuple[_Entry, int] | None:
+        """The next unit (see the module docstring), or None; the caller holds the lock."""
         self._prune()
         active = self._active()
-        ordered = sorted(self._entries, key=lambda e: (e.state is not active, e.order))
-        for i, entry in enumerate(ordered):
+        for entry in sorted(self._entries, key=lambda e: (e.state is not active, e.order)):
             manager = entry.manager
             sizes = [s for s in manager.pending_sizes if (id(manager), s) not in self._taken]
             if not sizes:
@@ -170,24 +162,8 @@ class CaptureQueue:
                     load[p] = load.get(p, 0) + n
             size = min(sizes, key=lambda s: (-load.get(s, 0), s))
             self._taken.add((id(manager), size))
-            ahead = [e for e in ordered[i:i + 2] if not e.prepared and not e.paced]
-            for e in ahead:
-                e.prepared = True
-            return entry, size, ahead
+            return entry, size
         return None
-
-    @staticmethod
-    def _prepare(entries: list[_Entry]) -> None:
-        """Start each entry's shared compile in the compile process without waiting (the symbolic
-        step: `GraphCaptureManager.prepare_compile`): the next state's compiles there while this
-        thread records and checks the sizes of this one. A failure only logs: its first unit
-        then records and compiles as without it."""
-        for entry in entries:
-            try:
-                entry.manager.prepare_compile()
-            except Exception as exc:  # released meanwhile, or anything else: the unit decides
-                logger.info("capture of %r: its compile was not started ahead (%s: %s)", entry.state,
-                            type(exc).__name__, exc)
 
     def run_one(self, interrupts: bool = True) -> bool:
         """Capture the next unit in the calling thread; False when none is pending (or stopped).
@@ -200,13 +176,12 @@ class CaptureQueue:
             picked = self._pick()
             if picked is None:
                 return False
-            entry, size, ahead = picked
+            entry, size = picked
             self._running += 1
             started = self._unit_started = time.perf_counter()
         state = entry.state
         ran = False
         try:
-            self._prepare(ahead)
             seconds = entry.manager.capture_size(size)
             ran = True
             self.unit_s += seconds

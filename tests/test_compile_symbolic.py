@@ -146,21 +146,18 @@ def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(
     """As for a per-size unit: the size whose symbolic compile died serves eager (counted, logged);
     the other sizes compile per size in a new compile process."""
     import logging
-    from concurrent.futures import Future
 
     from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
 
     _use_store(monkeypatch, tmp_path / "store")
-    real = CompileWorker.submit
+    real = CompileWorker.compile
 
     def dies_on_symbolic(self, gm, inputs, dynamic=0):
-        if dynamic:  # queued, then the process died: the future says so
-            future = Future()
-            future.set_exception(CompileWorkerDied("the compile process died (exit -9)"))
-            return future
+        if dynamic:
+            raise CompileWorkerDied("the compile process died (exit -9)")
         return real(self, gm, inputs, dynamic)
 
-    monkeypatch.setattr(CompileWorker, "submit", dies_on_symbolic)
+    monkeypatch.setattr(CompileWorker, "compile", dies_on_symbolic)
     with caplog.at_level(logging.WARNING):
         w = _background_worker(monkeypatch)
     graphs = w.state.graphs

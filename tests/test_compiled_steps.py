@@ -262,31 +262,6 @@ def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_onl
     assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(c1, c2)
 
 
-@pytest.mark.slow
-def test_queued_compiles_answer_in_order_and_close_fails_what_is_still_queued(tmp_path):
-    """`submit` returns at once; the process compiles the queued graphs one after another and each
-    future gets its own graph's code; `close` fails a request not answered yet (never a hang)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from draftgraph.graphs.backend_compile import _load_artifact
-    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
-
-    x = torch.randn(4)
-    plus, times = make_fx(lambda t: t + 1)(x), make_fx(lambda t: t * 3)(x)
-    worker = CompileWorker(str(tmp_path / "inductor"))
-    try:
-        first, second = worker.submit(plus, (x,)), worker.submit(times, (x,))
-        got = [_load_artifact(f.result(timeout=300))(x) for f in (first, second)]
-        assert worker.compiles == 2 and worker.deaths == 0
-        last = worker.submit(make_fx(lambda t: t - 2)(x), (x,))  # a compile of its own: seconds, not microseconds
-    finally:
-        worker.close()
-    assert isinstance(last.exception(timeout=60), CompileWorkerDied)
-    got = [g if isinstance(g, torch.Tensor) else g[0] for g in got]
-    assert torch.equal(got[0], x + 1) and torch.equal(got[1], x * 3)
-    assert worker.deaths == 0 and worker.pid() is None
-
-
 def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
     """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
     for it, so the entry holds the recorded graph; a second worker loads it without recording."""
