@@ -217,6 +217,7 @@ class CompileBackend(TraceBackend):
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
         self.symbolic_compiles = 0
+        self.compiles = 0  # compiles run (symbolic and per size, here or in the compile process)
         self.symbolic_compile_s = 0.0
         self.symbolic_sizes: list[int] = []
         self.replay_engine = "fx"  # the recorded graph; the compiled runner replaces it per size
@@ -507,6 +508,7 @@ class CompileBackend(TraceBackend):
         gm = graph.module
         start = time.perf_counter()
         modules_before = {id(m) for m in _loaded_modules()}
+        compiles_before = self.compiles
         runner = None
         try:
             if self.symbolic and self._compile_fn is None:
@@ -529,6 +531,7 @@ class CompileBackend(TraceBackend):
         graph.release_hooks.append(lambda: _forget_modules(mine))
         self.compile_s[size] = elapsed
         graph.compile_s = elapsed
+        graph.compiles = self.compiles - compiles_before
         if runner is None:
             self.fallbacks += 1
             graph.fallback_reason = reason
@@ -596,6 +599,7 @@ class CompileBackend(TraceBackend):
         if self._compiler is not None:
             stand_ins = [torch.empty_strided((hint, *a.shape[1:]), a.stride(), dtype=a.dtype, device="meta")
                          for a in rec_args]
+            self.compiles += 1
             try:  # no lock held: this process goes on serving
                 raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
             except CompileWorkerDied as exc:
@@ -622,6 +626,7 @@ class CompileBackend(TraceBackend):
                                            "compiling it in this process", type(exc).__name__, exc)
                             raw = None
                     if compiled is None:
+                        self.compiles += 1
                         compiled = compile_symbolic(exact, [*fakes, *constants])
                         with contextlib.suppress(Exception):  # nothing saveable: it is not stored
                             raw = _artifact_bytes(compiled) if self._store is not None else None
@@ -686,6 +691,7 @@ class CompileBackend(TraceBackend):
         raw: bytes | None = None
         if self._compiler is not None and self._compile_fn is None:
             try:
+                self.compiles += 1
                 raw = self._compiler.compile(exact, inputs)  # no lock held: this process goes on serving
             except CompileWorkerDied:
                 raise
@@ -710,6 +716,7 @@ class CompileBackend(TraceBackend):
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
             if raw is None:
                 before = _fx_source_keys()
+                self.compiles += 1
                 try:
                     compiled = compile_fn(exact, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs

@@ -188,6 +188,7 @@ class TraceGraph:
         self._runner: Any = gm
         self.engine = "fx"
         self.compile_s = 0.0  # seconds spent compiling a faster runner (compile backend)
+        self.compiles = 0  # compiles this size's capture ran (compile backend: its own, or the symbolic one)
         self.fallback_reason: str | None = None  # why a compiled runner was not used
         self.replay_s: float | None = None  # timed at capture ("auto"), with eager_s
         self.eager_s: float | None = None

@@ -254,7 +254,7 @@ class GraphCaptureManager:
         for s, rec in sorted(self._records.items()):
             usage = c.usage(s)
             sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows,
-                                 rec.compile_s, rec.engine, rec.fallback, rec.source)
+                                 rec.compile_s, rec.engine, rec.fallback, rec.source, rec.compiles)
         return ManagerStats(backend=self._backend_name, sizes=MappingProxyType(sizes), captures=self._captures,
                             replays=c.replays, eager_fallbacks=c.eager_fallbacks, eager_runs=c.eager_runs,
                             debug_checks=c.debug_checks)
@@ -353,7 +353,8 @@ class GraphCaptureManager:
                                     engine="eager" if getattr(graph, "prefer_eager", False)
                                     else str(getattr(graph, "engine", backend.name)),
                                     fallback=getattr(graph, "fallback_reason", None),
-                                    source=str(getattr(graph, "source", "recorded")))
+                                    source=str(getattr(graph, "source", "recorded")),
+                                    compiles=int(getattr(graph, "compiles", 0)))
 
     @staticmethod
     def _discard(graphs: Mapping[int, CapturedGraph], backend: GraphBackend) -> None:

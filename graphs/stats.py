@@ -21,7 +21,7 @@ class SizeStats:
     """One captured size: capture seconds (compile included) and bytes, graph nodes (None if
     unknown), replays, pad rows; compile seconds, the replay engine ("fx", "inductor", "cuda",
     ...), why a compiled replay was not used (None when it was, or none was tried) and where
-    the graph came from (`CaptureRecord.source`)."""
+    the graph came from and the compiles its capture ran (`CaptureRecord`)."""
 
     size: int
     capture_s: float
@@ -33,6 +33,7 @@ class SizeStats:
     engine: str = ""
     fallback: str | None = None
     source: str = "recorded"
+    compiles: int = 0  # compiles its capture ran: its own, or its state's one symbolic compile
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,9 @@ class CaptureRecord:
     """What capturing one size cost: seconds, pool bytes, kernel-launching nodes (None if unknown),
     compile seconds, the replay engine, a compile fallback's reason and where the graph came
     from ("recorded"; "loaded": compiled code from a store; "shared": code this process
-    compiled for an identical graph, loaded from the store)."""
+    compiled for an identical graph, loaded from the store) and how many compiles its capture ran
+    (the compile backend: a size's own, or the symbolic compile every size of the step shares:
+    the size whose capture waited for it counts it)."""
 
     capture_s: float
     capture_bytes: int
@@ -81,6 +84,7 @@ class CaptureRecord:
     engine: str = ""
     fallback: str | None = None
     source: str = "recorded"
+    compiles: int = 0
 
 
 class SizeUsage:

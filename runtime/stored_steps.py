@@ -121,12 +121,14 @@ def compiled_unit_seconds() -> float | None:
 
 
 def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Where the live graphs of ``states`` came from: ``units_recorded`` (recorded, compiled with
-    the compile backend: ``units_compiled`` of them), ``units_loaded`` (compiled code from the
+    """Where the live graphs of ``states`` came from: ``units_recorded`` (recorded; with the compile
+    backend ``units_checked`` of them were checked bitwise against compiled code), ``units_compiled``
+    (the compiles those captures ran: one symbolic compile per step and each size compiled on its
+    own; not one per size), ``units_loaded`` (compiled code from the
     store, no recording), ``units_shared`` (code this process compiled for an identical graph),
     the store's own counts (None when it is off) and the compile process's (``compile_process``:
     compiles, deaths, ``compile_s`` spent compiling in it; None when none ran)."""
-    out = {"units_recorded": 0, "units_compiled": 0, "units_loaded": 0, "units_shared": 0}
+    out = {"units_recorded": 0, "units_checked": 0, "units_compiled": 0, "units_loaded": 0, "units_shared": 0}
     for graphs in (m for state in states for m in _managers(state)):
         for size in graphs.stats.sizes.values():
             if size.source == "loaded":
@@ -135,7 +137,8 @@ def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | 
                 out["units_shared"] += 1
             else:
                 out["units_recorded"] += 1
-                out["units_compiled"] += int(size.compile_s > 0)
+                out["units_checked"] += int(size.compile_s > 0)
+                out["units_compiled"] += size.compiles
     store = default_compile_store()
     out["compiled_store"] = store.as_dict() if store is not None else None
     out["compile_process"] = compile_process

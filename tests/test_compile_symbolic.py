@@ -126,6 +126,8 @@ def _background_worker(monkeypatch) -> EagleDraftWorker:
 def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch):
     """The symbolic graph (with its size arithmetic) travels to the compile process, which
     compiles it once; this process loads it and every size replays it, equal to eager."""
+    from draftgraph.runtime.stored_steps import source_counts
+
     _use_store(monkeypatch, tmp_path / "store")
     calls = []
     monkeypatch.setattr(compile_module, "compile_symbolic", lambda *a: calls.append(1))  # never here
@@ -134,6 +136,9 @@ def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch)
     assert calls == [] and w.compile_process.compiles == 1 and w.compile_process.deaths == 0
     assert backend.symbolic_compiles == 1 and sorted(backend.symbolic_sizes) == [1, 2, 4]
     assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
+    # the startup figures count that one compile, not one per size checked against it
+    counts = source_counts([w.state])
+    assert (counts["units_recorded"], counts["units_checked"], counts["units_compiled"]) == (3, 3, 1)
     ref = EagleDraftWorker(w.args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
     for b in (1, 3, 4):
         inp = make_draft_input(b, 2, seed=b)

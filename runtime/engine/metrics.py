@@ -64,10 +64,11 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
 
 def read_startup(startup: Mapping[str, Any], out: Samples, labels: dict[str, str]) -> None:
     """Where the live graphs came from and the compile subprocess's work, from
-    `SpecDecodeEngine.startup()`: ``units_compiled`` / ``units_recorded`` (recorded, of which
-    compiled), ``units_loaded``, ``units_shared`` and ``compile_process``."""
-    units = {"compiled": startup["units_compiled"],
-             "recorded": startup["units_recorded"] - startup["units_compiled"],
+    `SpecDecodeEngine.startup()`: ``units_checked`` / ``units_recorded`` (recorded, of which
+    checked against compiled code: source "compiled"), ``units_loaded``, ``units_shared`` and
+    ``compile_process`` (its ``compiles``: the compiles run there)."""
+    units = {"compiled": startup["units_checked"],
+             "recorded": startup["units_recorded"] - startup["units_checked"],
              "loaded": startup["units_loaded"], "shared": startup["units_shared"]}
     for source, n in units.items():
         out.add("draftgraph_graph_units", {**labels, "source": source}, n)
