@@ -603,6 +603,10 @@ class CompileBackend(TraceBackend):
             try:  # no lock held: this process goes on serving
                 raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
             except CompileWorkerDied as exc:
+                if self._compiler.closed:  # the engine is closing: nothing went wrong
+                    self._symbolic_failed = "the compile process was closed during the symbolic compile"
+                    logger.info("compile backend: %s; size %d stays eager", self._symbolic_failed, size)
+                    raise
                 self._symbolic_failed = f"the compile process died during the symbolic compile ({exc})"
                 logger.warning("compile backend: %s; size %d serves eager, later sizes compile per size",
                                self._symbolic_failed, size)

@@ -207,6 +207,11 @@ class CompileWorker:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called: a request then fails because of the close, not a death."""
+        return self._closing
+
     def close(self) -> None:
         """End the compile process for good: a compile in progress raises `CompileWorkerDied`
         at once (the process is killed) and so does every later one (before, a unit still
