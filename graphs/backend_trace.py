@@ -116,7 +116,8 @@ def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx
 
     before = _fx_source_keys()
     try:
-        gm = make_fx(traced, tracing_mode="real")(*args)
+        with _one_fake_mode():
+            gm = make_fx(traced, tracing_mode="real")(*args)
     except GraphCaptureError:
         _evict_fx_sources(_fx_source_keys() - before)
         raise
@@ -127,6 +128,20 @@ def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx
         raise
     gm.meta["draftgraph_fx_sources"] = _fx_source_keys() - before
     return gm, check_outputs(seen[-1], size)
+
+
+def _one_fake_mode() -> Any:
+    """A tracing context holding one fake mode for a real-mode recording.
+
+    make_fx stores a fake copy of every value it records in the node's meta; without a fake
+    mode in reach it builds a new `FakeTensorMode` per value, and each one walks the Python
+    stack (`traceback.extract_stack`) on construction. One mode for the whole recording keeps
+    the same graph and cuts a recording of the default draft step from 0.26-0.77 s to
+    0.15-0.30 s (chain S=3 and S=5 at b=4). The context is thread-local."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
 
 
 def _fx_source_keys() -> set[str]:
