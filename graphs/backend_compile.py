@@ -32,8 +32,9 @@ import os
 import pickle
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,7 @@ class CompileBackend(TraceBackend):
         self._symbolic_fetched = False  # the store was asked for the symbolic entry
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
+        self._unit_modules: list[Any] = []  # inductor modules the unit in progress loaded (`_new_modules`)
         self.symbolic_compiles = 0
         self.compiles = 0  # compiles run (symbolic and per size, here or in the compile process)
         self.symbolic_compile_s = 0.0
@@ -258,13 +260,12 @@ class CompileBackend(TraceBackend):
         if payload is None:
             return None
         start = time.perf_counter()
-        modules_before = {id(m) for m in _loaded_modules()}
         try:
             graph = self._rebuild(size, payload, args, table)
         except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: rebuild it
             store.refuse(key, f"{type(exc).__name__}: {exc}")
             return None
-        mine = [m for m in _loaded_modules() if id(m) not in modules_before]
+        mine = self._take_unit_modules()
         graph.release_hooks.append(lambda: _forget_modules(mine))
         if store.written_here(key):
             graph.source = "shared"
@@ -291,7 +292,7 @@ class CompileBackend(TraceBackend):
         payload = store.get(key)
         if payload is None:
             return
-        modules_before = {id(m) for m in _loaded_modules()}
+        modules: list[Any] = []
         try:
             manifest, artifact = unpack_entry(payload)
             if manifest.get("symbolic") is not True or manifest.get("inputs") != len(args) \
@@ -302,7 +303,8 @@ class CompileBackend(TraceBackend):
             with torch.no_grad():
                 before = _fx_source_keys()
                 try:
-                    compiled = _load_artifact(artifact)
+                    with _new_modules(modules):
+                        compiled = _load_artifact(artifact)
                 finally:
                     _evict_fx_sources(_fx_source_keys() - before)
         except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: compile again
@@ -312,8 +314,14 @@ class CompileBackend(TraceBackend):
         self._symbolic_raw = artifact
         self._symbolic_manifest = manifest
         self._symbolic_source = "shared" if store.written_here(key) else "loaded"
-        self._symbolic_modules = [m for m in _loaded_modules() if id(m) not in modules_before]
+        self._symbolic_modules = modules
         logger.debug("compile backend: symbolic code from the store (%d sizes)", len(manifest["sizes"]))
+
+    def _take_unit_modules(self) -> list[Any]:
+        """The inductor modules this backend's loads and compiles left since the last call (the
+        graph of the unit that loaded them releases them)."""
+        mine, self._unit_modules = self._unit_modules, []
+        return mine
 
     def _take_symbolic_modules(self) -> list[Any]:
         """The inductor modules loading the symbolic code left, once (the first graph releases them)."""
@@ -400,7 +408,8 @@ class CompileBackend(TraceBackend):
                     if not isinstance(compiled, fx.GraphModule):
                         raise EntryError(f"fx entry holds a {type(compiled).__name__}, not a GraphModule")
                 elif engine == "inductor":
-                    compiled = _load_artifact(artifact)
+                    with _new_modules(self._unit_modules):
+                        compiled = _load_artifact(artifact)
                 else:
                     raise EntryError(f"unknown code kind {engine!r}")
             finally:
@@ -507,7 +516,6 @@ class CompileBackend(TraceBackend):
         graph = super().capture(size, fn, args, trace_args)
         gm = graph.module
         start = time.perf_counter()
-        modules_before = {id(m) for m in _loaded_modules()}
         compiles_before = self.compiles
         runner = None
         try:
@@ -527,7 +535,7 @@ class CompileBackend(TraceBackend):
         elapsed = time.perf_counter() - start
         # what this compile left in process-wide caches goes with the graph (measured without
         # this: +1 inductor module and ~20 KB RSS per reload, for the life of the process)
-        mine = [m for m in _loaded_modules() if id(m) not in modules_before] + self._take_symbolic_modules()
+        mine = self._take_unit_modules() + self._take_symbolic_modules()
         graph.release_hooks.append(lambda: _forget_modules(mine))
         self.compile_s[size] = elapsed
         graph.compile_s = elapsed
@@ -627,14 +635,16 @@ class CompileBackend(TraceBackend):
                 try:
                     if raw is not None:
                         try:
-                            compiled = _load_artifact(raw)
+                            with _new_modules(self._unit_modules):
+                                compiled = _load_artifact(raw)
                         except Exception as exc:  # noqa: BLE001  # the in-process compile decides
                             logger.warning("compile process: the symbolic code does not load here (%s: %s); "
                                            "compiling it in this process", type(exc).__name__, exc)
                             raw = None
                     if compiled is None:
                         self.compiles += 1
-                        compiled = compile_symbolic(exact, [*fakes, *constants])
+                        with _new_modules(self._unit_modules):
+                            compiled = compile_symbolic(exact, [*fakes, *constants])
                         with contextlib.suppress(Exception):  # nothing saveable: it is not stored
                             raw = _artifact_bytes(compiled) if self._store is not None else None
                 finally:
@@ -711,7 +721,8 @@ class CompileBackend(TraceBackend):
             with torch.no_grad():
                 before = _fx_source_keys()
                 try:
-                    compiled = _load_artifact(raw)
+                    with _new_modules(self._unit_modules):
+                        compiled = _load_artifact(raw)
                     compiled(*_copies(inputs))  # a graph the pipe changed fails here: compile it here
                 except Exception as exc:  # noqa: BLE001  # any failure: the in-process compile decides
                     logger.warning("compile process: size %d's code does not run here (%s: %s); "
@@ -725,7 +736,8 @@ class CompileBackend(TraceBackend):
                 before = _fx_source_keys()
                 self.compiles += 1
                 try:
-                    compiled = compile_fn(exact, _copies(inputs))
+                    with _new_modules(self._unit_modules):
+                        compiled = compile_fn(exact, _copies(inputs))
                 finally:  # FX never frees generated sources: drop those of this compile's graphs
                     _evict_fx_sources(_fx_source_keys() - before)
             # one snapshot, copied twice: serving may write the live cache between two copies of
@@ -743,6 +755,23 @@ class CompileBackend(TraceBackend):
             return None, f"compiled replay differs from the FX replay at size {size}: {why}"
 
         return _runner(compiled, inputs, constants, raw), None
+
+
+# Loads and in-process compiles take turns on this lock, so that the modules inductor registers
+# during one are told apart from another capture thread's (`_new_modules`).
+_MODULES_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _new_modules(into: list[Any]) -> Iterator[None]:
+    """Run the body (an inductor load or compile) alone among loads; append to ``into`` the
+    generated modules it registered (released with the graph that holds them)."""
+    with _MODULES_LOCK:
+        before = {id(m) for m in _loaded_modules()}
+        try:
+            yield
+        finally:
+            into.extend(m for m in _loaded_modules() if id(m) not in before)
 
 
 def _loaded_modules() -> list[Any]:

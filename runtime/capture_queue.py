@@ -62,6 +62,7 @@ class _Entry:
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
 MAX_WAIT_S = 10.0  # ... or after this long without a unit, so a busy server still progresses
+MAX_THREADS = 2  # background threads while units compile in the compile process (`_wanted_threads`)
 
 
 class CaptureQueue:
@@ -87,7 +88,7 @@ class CaptureQueue:
         self._seen: dict[int, int] = {}  # batch size -> steps (recent ones; halved when large)
         self._running = 0  # units being captured now
         self._taken: set[tuple[int, int]] = set()  # (id(manager), size) being captured now
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.threaded = False  # a background thread runs the units (trace, compile)
         self._stopped = False
         self._abandoned = False  # stop timed out: the thread runs a unit that did not return
@@ -150,9 +151,12 @@ class CaptureQueue:
         """The next unit (see the module docstring), or None; the caller holds the lock."""
         self._prune()
         active = self._active()
+        busy = {m for m, _ in self._taken}
         for entry in sorted(self._entries, key=lambda e: (e.state is not active, e.order)):
             manager = entry.manager
-            sizes = [s for s in manager.pending_sizes if (id(manager), s) not in self._taken]
+            if id(manager) in busy:  # one thread per manager: its backend compiles one unit at a time
+                continue
+            sizes = list(manager.pending_sizes)
             if not sizes:
                 continue
             load: dict[int, int] = {}
@@ -290,7 +294,7 @@ class CaptureQueue:
         with self._lock:
             first = not self._stopped
             self._stopped = True
-            thread = self._thread
+            threads = list(self._threads)
             if first:
                 self._prune()
                 cancelled = sum(len([z for z in e.manager.pending_sizes if (id(e.manager), z) not in self._taken])
@@ -302,8 +306,11 @@ class CaptureQueue:
                                    "their sizes serve eager)", cancelled)
         if interrupt is not None:
             interrupt()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        for thread in threads:
+            if thread is threading.current_thread():
+                continue
+            thread.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
             if thread.is_alive():
                 self._abandoned = True
                 logger.warning("capture thread still running %s s after stop (a unit in progress did not "
@@ -311,12 +318,27 @@ class CaptureQueue:
                 return False
         return True
 
+    def _wanted_threads(self) -> int:
+        """Background threads worth running (the caller holds the lock): one, or `MAX_THREADS`
+        while at least two managers wait and none of them compiles here. A unit that compiles in
+        the compile process spends most of its time waiting for it; a second thread meanwhile
+        records and checks another state's units, so this process's work and the compile
+        process's overlap (a cold fill measured 66 s one unit after another). Units that compile
+        here stay one at a time: they are paced to spare serving."""
+        live = [e for e in self._entries if e.manager.pending_sizes]
+        if len(live) < 2 or any(e.paced for e in live):
+            return 1
+        return min(MAX_THREADS, len(live))
+
     def _ensure_thread(self) -> None:
         with self._lock:
-            if self._thread is not None or self._stopped:
+            if self._stopped:
                 return
-            self._thread = threading.Thread(target=self._work, name="draftgraph-capture", daemon=True)
-            self._thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self._wanted_threads():
+                thread = threading.Thread(target=self._work, name="draftgraph-capture", daemon=True)
+                self._threads.append(thread)
+                thread.start()
             if not self._atexit:
                 self._atexit = True
                 ref = weakref.ref(self)
@@ -337,8 +359,10 @@ class CaptureQueue:
                 continue
             with self._lock:
                 self._prune()
-                if not self._entries or self._stopped:
-                    self._thread = None
+                if not self._entries or self._stopped or len(self._threads) > 1:
+                    # done, or every manager left is another thread's: that one finishes it
+                    with contextlib.suppress(ValueError):
+                        self._threads.remove(threading.current_thread())
                     return
             time.sleep(0.01)  # every pending unit is being captured by another caller
 
