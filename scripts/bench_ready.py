@@ -13,10 +13,13 @@
    the compile process, so the units are not paced) against the same engine with no capture work (its
    units cancelled at once, so it serves the same eager steps):
    alternating processes, twice each, ``--serve-s`` seconds of serving each. Target: >= 0.9x.
+5. Host memory per captured size: the warm start's resident memory (sizes 1..8, every graph
+   ready) less the same engine's capturing size 1 only, over the units between them; and what
+   graphs hold whatever the sizes (size 1 only less "eager"). Target: <= 2 MB a size.
 
 Each case runs in a process of its own (start-up is what is measured). ``--quick`` (CI): only the
 store's own cost, a put and a get of one entry-sized payload (no compile). ``--serve-only``: only
-case 4 (``--serve-rounds``, ``--warm-inductor``).
+case 4 (``--serve-rounds``, ``--warm-inductor``); ``--memory-only``: only case 5.
 """
 
 from __future__ import annotations
@@ -37,29 +40,35 @@ WARM_TARGET_S = 10.0
 COLD_TARGET_S = 60.0
 DEMO_REPLAY_TARGET = 0.9
 DEMO_WALL_TARGET_S = 10.0
+MEMORY_TARGET_MB = 2.0
 
 _CHILD = """
-import json, time
+import gc, json, os, time
 t0 = time.perf_counter()
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models
 target, head = default_models(seed=0)
-args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=8)), max_running_requests=8)
+args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs={max_bs})), max_running_requests=8)
 t1 = time.perf_counter()
-engine = SpecDecodeEngine(args, target, head, backend="auto", adaptive_steps=[1, 2, 3, 4, 5])
+engine = SpecDecodeEngine(args, target, head, backend={backend!r}, adaptive_steps=[1, 2, 3, 4, 5])
 ok = engine.worker.wait_graphs({wait})
 st = engine.startup()
+gc.collect()
+with open("/proc/self/statm") as f:  # resident pages, with every graph held (none on "eager")
+    rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 engine.close()
 st.pop("states")
-print(json.dumps({{"ready": ok, "wall_s": time.perf_counter() - t1, "imports_s": t1 - t0, **st}}, default=str))
+print(json.dumps({{"ready": ok, "wall_s": time.perf_counter() - t1, "imports_s": t1 - t0, "rss_bytes": rss, **st}},
+                 default=str))
 """
 
 
-def _child(env: dict[str, str], wait_s: float) -> dict[str, Any]:
+def _child(env: dict[str, str], wait_s: float, backend: str = "auto", max_bs: int = 8) -> dict[str, Any]:
     """Run the start-up child; its JSON report (``timed_out`` when it did not finish)."""
     try:
-        p = subprocess.run([sys.executable, "-c", _CHILD.format(wait=wait_s)], env=env, capture_output=True,
+        p = subprocess.run([sys.executable, "-c", _CHILD.format(wait=wait_s, backend=backend, max_bs=max_bs)], env=env,
+                           capture_output=True,
                            text=True, timeout=wait_s + 300)
     except subprocess.TimeoutExpired:
         return {"ready": False, "timed_out": True, "wall_s": wait_s}
@@ -147,6 +156,31 @@ def _serving_case(env: dict[str, str], a: argparse.Namespace) -> tuple[list[dict
     return [row], [rec]
 
 
+def _memory_case(env: dict[str, str], warm: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Host memory per captured size, from the resident memory of start-up children with every
+    graph ready (loaded from the store): the warm one (sizes 1..8, 40 units) less the same engine
+    capturing size 1 only (5 units), over the 35 units between them: what one more size holds.
+    Target: <= 2 MB (10**6 bytes) a size. Also reported: what graphs hold regardless of the sizes
+    (the one-size engine less the same engine on "eager": inductor's modules, each state's code)."""
+    one = _child(env, 600.0, max_bs=1)
+    eager = _child(env, 60.0, backend="eager")
+
+    def units(r: dict[str, Any]) -> int:
+        return sum(len(s) for s in (r.get("sizes_ready") or [])) or sum(
+            r.get(k) or 0 for k in ("units_loaded", "units_shared", "units_checked"))
+
+    extra = max(1, units(warm) - units(one))
+    per = (warm["rss_bytes"] - one["rss_bytes"]) / extra / 1e6
+    row = {"case": "host memory per size", "mb_per_size": per, "units": extra,
+           "fixed_mib": (one["rss_bytes"] - eager["rss_bytes"]) / 2**20, "rss_mib": warm["rss_bytes"] / 2**20,
+           "eager_rss_mib": eager["rss_bytes"] / 2**20}
+    rec = record("ready", "host memory per captured size (default engine, warm store, sizes 1..8 against 1)",
+                 {"units": extra}, "MB", [per], backend="auto",
+                 targets=[target(f"host memory <= {MEMORY_TARGET_MB:g} MB per captured size", per, "<=",
+                                 MEMORY_TARGET_MB)])
+    return [row], [rec]
+
+
 def _ready_s(r: dict[str, Any]) -> float:
     ready = r.get("graphs_ready_s")
     return float(ready) if r.get("ready") and ready is not None else float("inf")
@@ -192,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cold-timeout", type=float, default=900.0)
     p.add_argument("--serve-s", type=float, default=20.0)
     p.add_argument("--serve-only", action="store_true", help="only case 4, serving while graphs compile")
+    p.add_argument("--memory-only", action="store_true", help="only case 5, host memory per captured size")
     p.add_argument("--serve-rounds", type=int, default=2)
     p.add_argument("--warm-inductor", action="store_true",
                    help="case 4 with the user's inductor cache (units finish sooner: more recording here)")
@@ -204,10 +239,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows, records = _serving_case(env, a)
         return emit("ready", rows, ["case", "ratio", "tokens_per_s", "baseline_tokens_per_s", "units_done"],
                     {"records": records}, a.json)
+    if a.memory_only:
+        _child(env, 1800.0)  # fills the store when it is not
+        rows, records = _memory_case(env, _child(env, 600.0))
+        return emit("ready", rows, ["case", "mb_per_size", "units", "fixed_mib", "rss_mib", "eager_rss_mib"],
+                    {"records": records}, a.json)
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     fill = _child(env, 1800.0)
     warm = _child(env, 600.0)
+    memory_rows, memory_records = _memory_case(env, warm)
     for name, r in (("fill", fill), ("warm", warm)):
         rows.append({"case": f"start-up {name}", "ready_s": _ready_s(r), "startup_s": r.get("startup_s"),
                      "compiled": r.get("units_compiled"), "loaded": r.get("units_loaded"),
@@ -244,10 +285,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           targets=[target(f"demo wall <= {DEMO_WALL_TARGET_S:g} s (warm)", wall, "<=",
                                           DEMO_WALL_TARGET_S)]))
     serve_rows, serve_records = _serving_case(env, a)
-    rows += serve_rows
-    records += serve_records
+    rows += serve_rows + memory_rows
+    records += serve_records + memory_records
     cols = ["case", "ready_s", "startup_s", "compiled", "loaded", "shared", "wall_s", "replay_share", "ratio",
-            "tokens_per_s", "baseline_tokens_per_s", "units_done"]
+            "tokens_per_s", "baseline_tokens_per_s", "units_done", "mb_per_size", "fixed_mib"]
     return emit("ready", rows, cols, {"demo": {k: demo.get(k) for k in ("eager_steps_by_reason", "graph_replays",
                                                                           "verify_steps", "tokens_per_s")},
                                       "records": records}, a.json)
