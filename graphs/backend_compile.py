@@ -214,6 +214,7 @@ class CompileBackend(TraceBackend):
         self._symbolic_raw: bytes | None = None  # its artifact bytes (None: not saveable)
         self._symbolic_manifest: dict[str, Any] | None = None  # its stored entry's manifest
         self._symbolic_fetched = False  # the store was asked for the symbolic entry
+        self._symbolic_cut_off = False  # a close cut the symbolic compile off (not its failure)
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
         self.symbolic_compiles = 0
@@ -233,6 +234,18 @@ class CompileBackend(TraceBackend):
         self.loaded = 0
         self.shared = 0
         self.stored = 0
+
+    def compiles_ahead(self, sizes: int) -> int:
+        """How many of ``sizes`` captures still to run will compile: with the one symbolic compile
+        (``symbolic``, no custom ``compile_fn``) 1 until it ran or was loaded from the store, then 0
+        (each size only records and checks against it; one that fails the check compiles on its
+        own, not foreseen here); per size, or once the symbolic compile failed, ``sizes`` (one
+        cut off by a close still counts as the 1 it would have been)."""
+        if sizes <= 0:
+            return 0
+        if self.symbolic and self._compile_fn is None and (self._symbolic_failed is None or self._symbolic_cut_off):
+            return 0 if self._symbolic is not None else 1
+        return sizes
 
     # ---- stored code -------------------------------------------------------------------------
     def _key(self, size: int, args: tuple[Tensor, ...]) -> str:
@@ -547,7 +560,7 @@ class CompileBackend(TraceBackend):
             else:
                 self._save(graph, runner.compiled, runner.constants, runner.raw)
             if self._store is not None and self._compile_fn is None:
-                self._store.note_unit_seconds(time.perf_counter() - unit_start)
+                self._store.note_unit_seconds(time.perf_counter() - unit_start, compiled=graph.compiles > 0)
         return graph
 
     def _time_against_eager(self, graph: TraceGraph | StoredGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]
@@ -607,6 +620,7 @@ class CompileBackend(TraceBackend):
                 raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
             except CompileWorkerDied as exc:
                 if self._compiler.closed:  # the engine is closing: nothing went wrong
+                    self._symbolic_cut_off = True
                     self._symbolic_failed = "the compile process was closed during the symbolic compile"
                     logger.info("compile backend: %s; size %d stays eager", self._symbolic_failed, size)
                     raise

@@ -318,15 +318,11 @@ def _ready_text(r: dict[str, Any]) -> str:
     total = pending + sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in r["states"])
     text = f"not yet: {pending} of {total} capture units pending ({r['capture']}); "
     eta = r.get("graphs_eta") or {}
-    if eta.get("basis") == "measured":
-        text += (f"compiling them takes about {eta['seconds']:.0f} s more ({eta['per_unit_s']:.1f} s a unit, "
-                 f"the mean of {eta['units_measured']} here")
-    elif eta.get("basis") == "earlier runs":
-        text += (f"compiling them takes about {eta['seconds']:.0f} s ({eta['per_unit_s']:.1f} s a unit, "
-                 f"measured by earlier runs; none finished here")
-    elif eta.get("basis") == "at least":
-        text += (f"compiling them takes at least {eta['seconds']:.0f} s more (no unit finished; the longest "
-                 f"ran {eta['per_unit_s']:.1f} s")
+    basis = eta.get("basis")
+    if basis in ("measured", "earlier runs", "at least"):
+        how = {"measured": "about {:.0f} s more", "earlier runs": "about {:.0f} s",
+               "at least": "at least {:.0f} s more"}[basis]
+        text += f"compiling them takes {how.format(eta['seconds'])} ({_eta_parts(eta)}"
     else:
         text += "no unit ran yet, so no estimate of the time they take ("
     if eta.get("paced_s"):
@@ -335,6 +331,26 @@ def _ready_text(r: dict[str, Any]) -> str:
     if r.get("compiled_store") is not None and r.get("backend") == "compile":
         text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
     return text
+
+
+def _eta_parts(eta: dict[str, Any]) -> str:
+    """Each kind of pending unit in the estimate: how many, seconds each and where that came from."""
+    measured = {"compile": eta["compiles_measured"], "check": eta["units_measured"] - eta["compiles_measured"]}
+    parts = []
+    for kind, what in (("compile", "that compile"), ("check", "without a compile")):
+        n, per, basis = eta[f"{kind}s"], eta[f"per_{kind}_s"], eta[f"{kind}_basis"]
+        if not n:
+            continue
+        if per is None:
+            parts.append(f"{n} {what}: no figure yet, counted 0 s")
+        elif basis == "measured":
+            parts.append(f"{n} {what} at {per:.1f} s each, the mean of {measured[kind]} here")
+        elif basis == "earlier runs":
+            parts.append(f"{n} {what} at {per:.1f} s each, measured by earlier runs (none finished here)")
+        else:
+            parts.append(f"{n} {what} at {per:.1f} s or more each (none finished here; the longest "
+                         f"unfinished unit ran {per:.1f} s)")
+    return "; ".join(parts)
 
 
 def _before_after_text(r: dict[str, Any]) -> str:
