@@ -30,6 +30,7 @@ from draftgraph.runtime import (
 )
 from draftgraph.runtime.schedule import SpeculationSchedule
 
+from .phases import default_graph_phases
 from .profile_report import format_table
 from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
@@ -99,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=96)
     info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
     _spec_flags(info)
+    info.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
+                      help="phases captured beside the draft step, as for simulate (what an off band captures)")
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     return ap
 
@@ -133,11 +136,14 @@ def _info(ns: argparse.Namespace) -> int:
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
            "inductor_cache_dir": str(inductor_cache_dir())}
-    if args.schedule is not None:  # which state owns which capture sizes
-        from .scheduling import band_capture_sizes
-        grid = out["capture_sizes"]
+    if out["backend"] != "eager":
+        out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
+                                   else ns.graph_phases)
+    if args.schedule is not None:  # which state owns which capture sizes (an off band: its phases')
+        from .scheduling import band_state_sizes
+        grid, phases = out["capture_sizes"], bool(out.get("graph_phases"))
         out["schedule"] = [{"band": b.label(), "steps": list(b.steps),
-                            "capture_sizes": [] if b.off else band_capture_sizes(grid, b)}
+                            "capture_sizes": band_state_sizes(grid, b, out["backend"] != "eager", phases)}
                            for b in args.schedule.bands]
     print(json.dumps(out, indent=2))
     return 0
