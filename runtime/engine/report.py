@@ -122,8 +122,8 @@ def graphs_eta(queue: Any, pending: int, compiles: int = 0, earlier_compile_s: f
 
     Two kinds of unit cost very differently: ``compiles`` of them run a compile (the compile
     backend: with its one symbolic compile per state, a state's first unit; per size, every unit),
-    the other ``checks`` only record (and check against their state's compile): measured cold,
-    5-15 s against 0.2-0.5 s. Each kind's seconds (``per_compile_s``, ``per_check_s``) is the mean
+    the other ``checks`` only record (and check against their state's compile): measured, 3-15 s
+    each against 0.1-0.5 s. Each kind's seconds (``per_compile_s``, ``per_check_s``) is the mean
     of that kind's units run here (``compile_basis`` / ``check_basis`` "measured"); when none ran,
     ``earlier_compile_s`` / ``earlier_check_s`` (that kind's mean in earlier runs, from the
     compiled-code store: "earlier runs"); else, for the kind the unit in progress is (a compile
