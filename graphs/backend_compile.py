@@ -106,6 +106,20 @@ def _use_cache_dir() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
 
 
+@contextlib.contextmanager
+def _fx_work(lock: bool = True) -> Iterator[None]:
+    """The scope of one recording, compile or load of compiled code: the recording lock
+    (``lock``: make_fx's globals, see `backend_trace`; inductor records with make_fx too), no
+    autograd, and the FX sources generated inside evicted on the way out, raised or not (FX never
+    frees them: measured without this, a few KB per graph and reload, for the life of the process)."""
+    with _RECORD_LOCK if lock else contextlib.nullcontext(), torch.no_grad():
+        before = _fx_source_keys()
+        try:
+            yield
+        finally:
+            _evict_fx_sources(_fx_source_keys() - before)
+
+
 def _lift_constants(gm: fx.GraphModule) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
     """A copy of ``gm`` whose captured tensors (get_attr nodes) are extra inputs after the
     static ones, and those tensors in order: the compiled function then reads them as
@@ -215,6 +229,7 @@ class CompileBackend(TraceBackend):
         self._symbolic_raw: bytes | None = None  # its artifact bytes (None: not saveable)
         self._symbolic_manifest: dict[str, Any] | None = None  # its stored entry's manifest
         self._symbolic_fetched = False  # the store was asked for the symbolic entry
+        self._symbolic_cut_off = False  # a close cut the symbolic compile off (not its failure)
         self._symbolic_source = "loaded"  # or "shared": this process stored the symbolic entry it loaded
         self._symbolic_modules: list[Any] = []  # inductor modules its load left, for the next graph's release
         self._unit_modules: list[Any] = []  # inductor modules the unit in progress loaded (`_new_modules`)
@@ -235,6 +250,18 @@ class CompileBackend(TraceBackend):
         self.loaded = 0
         self.shared = 0
         self.stored = 0
+
+    def compiles_ahead(self, sizes: int) -> int:
+        """How many of ``sizes`` captures still to run will compile: with the one symbolic compile
+        (``symbolic``, no custom ``compile_fn``) 1 until it ran or was loaded from the store, then 0
+        (each size only records and checks against it; one that fails the check compiles on its
+        own, not foreseen here); per size, or once the symbolic compile failed, ``sizes`` (one
+        cut off by a close still counts as the 1 it would have been)."""
+        if sizes <= 0:
+            return 0
+        if self.symbolic and self._compile_fn is None and (self._symbolic_failed is None or self._symbolic_cut_off):
+            return 0 if self._symbolic is not None else 1
+        return sizes
 
     # ---- stored code -------------------------------------------------------------------------
     def _key(self, size: int, args: tuple[Tensor, ...]) -> str:
@@ -300,13 +327,9 @@ class CompileBackend(TraceBackend):
                 raise EntryError(f"not a symbolic entry over {len(args)} inputs")
             constants = tuple(table.view(w) for w in manifest["constants"])
             _use_cache_dir()
-            with torch.no_grad():
-                before = _fx_source_keys()
-                try:
-                    with _new_modules(modules):
-                        compiled = _load_artifact(artifact)
-                finally:
-                    _evict_fx_sources(_fx_source_keys() - before)
+            with _fx_work(lock=False):
+                with _new_modules(modules):
+                    compiled = _load_artifact(artifact)
         except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: compile again
             store.refuse(key, f"{type(exc).__name__}: {exc}")
             return
@@ -400,20 +423,16 @@ class CompileBackend(TraceBackend):
         outputs, fresh, nbytes = self._bind_outputs(size, manifest["outputs"], args, table)
         _use_cache_dir()
         engine = manifest.get("code", "inductor")
-        with torch.no_grad():
-            before = _fx_source_keys()
-            try:
-                if engine == "fx":  # the recorded graph itself (inductor had nothing it could save)
-                    compiled = pickle.loads(artifact)  # noqa: S301  # digest-checked, from our private store
-                    if not isinstance(compiled, fx.GraphModule):
-                        raise EntryError(f"fx entry holds a {type(compiled).__name__}, not a GraphModule")
-                elif engine == "inductor":
-                    with _new_modules(self._unit_modules):
-                        compiled = _load_artifact(artifact)
-                else:
-                    raise EntryError(f"unknown code kind {engine!r}")
-            finally:
-                _evict_fx_sources(_fx_source_keys() - before)
+        with _fx_work(lock=False):
+            if engine == "fx":  # the recorded graph itself (inductor had nothing it could save)
+                compiled = pickle.loads(artifact)  # noqa: S301  # digest-checked, from our private store
+                if not isinstance(compiled, fx.GraphModule):
+                    raise EntryError(f"fx entry holds a {type(compiled).__name__}, not a GraphModule")
+            elif engine == "inductor":
+                with _new_modules(self._unit_modules):
+                    compiled = _load_artifact(artifact)
+            else:
+                raise EntryError(f"unknown code kind {engine!r}")
 
         def run(*inputs: Tensor) -> Any:
             with torch.no_grad():
@@ -555,7 +574,7 @@ class CompileBackend(TraceBackend):
             else:
                 self._save(graph, runner.compiled, runner.constants, runner.raw)
             if self._store is not None and self._compile_fn is None:
-                self._store.note_unit_seconds(time.perf_counter() - unit_start)
+                self._store.note_unit_seconds(time.perf_counter() - unit_start, compiled=graph.compiles > 0)
         return graph
 
     def _time_against_eager(self, graph: TraceGraph | StoredGraph, fn: FlatStep, eager_args: tuple[Tensor, ...]
@@ -594,17 +613,12 @@ class CompileBackend(TraceBackend):
         start = time.perf_counter()
         hint = max(2, self._rows)
         try:
-            with _RECORD_LOCK, torch.no_grad():
-                before = _fx_source_keys()
-                try:
-                    sgm, fakes = record_symbolic(fn, rec_args, hint, size)
-                    lifted, constants = _lift_constants(sgm)
-                    exact, _ = keep_aten_reductions(lifted)
-                finally:
-                    _evict_fx_sources(_fx_source_keys() - before)
+            with _fx_work():
+                sgm, fakes = record_symbolic(fn, rec_args, hint, size)
+                lifted, constants = _lift_constants(sgm)
+                exact, _ = keep_aten_reductions(lifted)
         except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
-            self._symbolic_failed = f"no symbolic recording: {type(exc).__name__}: {exc}"
-            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            self._per_size_after("no symbolic recording", exc)
             return
         raw: bytes | None = None
         if self._compiler is not None:
@@ -615,6 +629,7 @@ class CompileBackend(TraceBackend):
                 raw = self._compiler.compile(exact, [*stand_ins, *constants], dynamic=len(rec_args))
             except CompileWorkerDied as exc:
                 if self._compiler.closed:  # the engine is closing: nothing went wrong
+                    self._symbolic_cut_off = True
                     self._symbolic_failed = "the compile process was closed during the symbolic compile"
                     logger.info("compile backend: %s; size %d stays eager", self._symbolic_failed, size)
                     raise
@@ -630,28 +645,23 @@ class CompileBackend(TraceBackend):
                 logger.warning("compile process: no symbolic compile there (%s); compiling it in this process", exc)
         compiled: Any = None
         try:
-            with _RECORD_LOCK, torch.no_grad():
-                before = _fx_source_keys()
-                try:
-                    if raw is not None:
-                        try:
-                            with _new_modules(self._unit_modules):
-                                compiled = _load_artifact(raw)
-                        except Exception as exc:  # noqa: BLE001  # the in-process compile decides
-                            logger.warning("compile process: the symbolic code does not load here (%s: %s); "
-                                           "compiling it in this process", type(exc).__name__, exc)
-                            raw = None
-                    if compiled is None:
-                        self.compiles += 1
+            with _fx_work():
+                if raw is not None:
+                    try:
                         with _new_modules(self._unit_modules):
-                            compiled = compile_symbolic(exact, [*fakes, *constants])
-                        with contextlib.suppress(Exception):  # nothing saveable: it is not stored
-                            raw = _artifact_bytes(compiled) if self._store is not None else None
-                finally:
-                    _evict_fx_sources(_fx_source_keys() - before)
+                            compiled = _load_artifact(raw)
+                    except Exception as exc:  # noqa: BLE001  # the in-process compile decides
+                        logger.warning("compile process: the symbolic code does not load here (%s: %s); "
+                                       "compiling it in this process", type(exc).__name__, exc)
+                        raw = None
+                if compiled is None:
+                    self.compiles += 1
+                    with _new_modules(self._unit_modules):
+                        compiled = compile_symbolic(exact, [*fakes, *constants])
+                    with contextlib.suppress(Exception):  # nothing saveable: it is not stored
+                        raw = _artifact_bytes(compiled) if self._store is not None else None
         except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
-            self._symbolic_failed = f"no symbolic compile: {type(exc).__name__}: {exc}"
-            logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
+            self._per_size_after("no symbolic compile", exc)
             return
         if self._store is not None and raw is None:  # not storable: per size stores what it can
             self._symbolic_failed = "no symbolic code: inductor saved nothing for it"
@@ -663,6 +673,11 @@ class CompileBackend(TraceBackend):
         self.symbolic_compile_s = time.perf_counter() - start
         logger.info("compile backend: one symbolic compile in %.2f s%s", self.symbolic_compile_s,
                     " (compile process)" if self._compiler is not None and raw is not None else "")
+
+    def _per_size_after(self, what: str, exc: Exception) -> None:
+        """The symbolic route failed (``what``, raising ``exc``): every size compiles on its own."""
+        self._symbolic_failed = f"{what}: {type(exc).__name__}: {exc}"
+        logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
 
     def _symbolic_runner(self, fn: FlatStep, rec_args: tuple[Tensor, ...], args: tuple[Tensor, ...],
                          gm: fx.GraphModule, size: int) -> tuple[Callable[..., Any] | None, str | None]:
@@ -718,8 +733,7 @@ class CompileBackend(TraceBackend):
                 log = logger.info if "not a saveable" in str(exc) else logger.warning
                 log("compile process: size %d not compiled there (%s); compiling it in this process", size, exc)
         if raw is not None:
-            with torch.no_grad():
-                before = _fx_source_keys()
+            with _fx_work(lock=False):
                 try:
                     with _new_modules(self._unit_modules):
                         compiled = _load_artifact(raw)
@@ -728,18 +742,13 @@ class CompileBackend(TraceBackend):
                     logger.warning("compile process: size %d's code does not run here (%s: %s); "
                                    "compiling it in this process", size, type(exc).__name__, exc)
                     raw = None
-                finally:
-                    _evict_fx_sources(_fx_source_keys() - before)
         compile_fn = self._compile_fn or (_inductor_artifact if self._store is not None else _inductor_compile)
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
             if raw is None:
-                before = _fx_source_keys()
                 self.compiles += 1
-                try:
+                with _fx_work(lock=False):  # the lock is held: only this compile's sources go
                     with _new_modules(self._unit_modules):
                         compiled = compile_fn(exact, _copies(inputs))
-                finally:  # FX never frees generated sources: drop those of this compile's graphs
-                    _evict_fx_sources(_fx_source_keys() - before)
             # one snapshot, copied twice: serving may write the live cache between two copies of
             # it (seen beside serving: "input after the step 17: values differ" at size 4)
             snapshot = _copies(inputs)

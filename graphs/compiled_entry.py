@@ -61,8 +61,9 @@ class CompiledStore(Protocol):
         """``key``'s payload was unusable: log it by name and remove it."""
         ...
 
-    def note_unit_seconds(self, seconds: float) -> None:
-        """One unit was recorded and compiled in ``seconds`` (a cold start's estimate reads it)."""
+    def note_unit_seconds(self, seconds: float, compiled: bool = True) -> None:
+        """One unit was recorded and compiled (``compiled``), or recorded and checked against its
+        state's one symbolic compile, in ``seconds`` (a cold start's estimate reads it)."""
         ...
 
     def written_here(self, key: str) -> bool:

@@ -34,6 +34,7 @@ from torch import Tensor
 from .backend_compile import prepare_background_compile
 from .backends import make_backend, resolve_backend
 from .capture_share import CaptureShare
+from .compile_symbolic import symbolic_default
 from .compiled_entry import StoredCode
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
@@ -225,6 +226,24 @@ class GraphCaptureManager:
     def pending_sizes(self) -> tuple[int, ...]:
         """Sizes queued by `begin` and not captured yet, ascending."""
         return tuple(sorted(self._pending))
+
+    @property
+    def pending_compiles(self) -> int:
+        """How many `pending_sizes` will run a compile when captured (the compile backend; 0 for
+        the others): with one symbolic compile per step, 1 until it ran or was loaded from the
+        store, then 0 (the other sizes only record and check against it); per size, each of them
+        (`CompileBackend.compiles_ahead`). What an estimate of the time they take counts."""
+        with self._lock:
+            pending, backend = len(self._pending), self._backend
+        if self._backend_name != "compile" or not pending:
+            return 0
+        if backend is None:  # no unit began yet: the backend will start as the default says
+            try:
+                return 1 if symbolic_default() else pending
+            except ValueError:  # a bad setting: making the backend fails and says so, not a report
+                return pending
+        ahead = getattr(backend, "compiles_ahead", None)
+        return pending if ahead is None else int(ahead(pending))
 
     @property
     def failed_sizes(self) -> dict[int, str]:

@@ -98,6 +98,8 @@ class CaptureQueue:
         self.units_cancelled = 0  # pending when stop was called: never run
         self.idle_since: float | None = time.perf_counter()  # None while units are pending
         self.unit_s = 0.0  # seconds the units that ran took (over units_run: a unit's mean)
+        self.compile_units = 0  # of units_run, those whose capture ran a compile (the compile backend) ...
+        self.compile_unit_s = 0.0  # ... and their seconds (the others recorded and checked, or only recorded)
         self.unfinished_s = 0.0  # the longest a unit ran that failed or was cut off (a lower bound)
         self._unit_started: float | None = None  # when the latest unit in progress started
 
@@ -189,12 +191,15 @@ class CaptureQueue:
             seconds = entry.manager.capture_size(size)
             ran = True
             self.unit_s += seconds
+            record = entry.manager.stats.sizes.get(size)
+            if record is not None and record.compiles > 0:
+                self.compile_units += 1
+                self.compile_unit_s += seconds
             if entry.phase is not None:
                 phases = state.phases
                 if phases is not None and phases.managers.get(entry.phase) is entry.manager:
                     phases.figures[entry.phase].add_size(entry.manager, size, seconds)
             else:
-                record = entry.manager.stats.sizes.get(size)
                 state.capture_s += seconds
                 if record is not None:  # the same figures a blocking capture records
                     state.compile_s += record.compile_s

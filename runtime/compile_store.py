@@ -11,7 +11,8 @@ digest or format does not match. Writes go through a new ``O_EXCL | O_NOFOLLOW``
 renamed into place. The store is bounded: after each write, the least recently used entries
 (by modification time, refreshed at each load) are removed until the total is under the cap
 (``DRAFTGRAPH_COMPILED_MAX_MB``, default 512). One entry of its own holds the seconds the
-latest compiled units took (`CompileStore.unit_seconds`: a cold start's estimate). An
+latest units took, those that ran a compile and those that only recorded and checked against
+a compile their state already had (`CompileStore.unit_seconds`: a cold start's estimate). An
 unwritable folder falls back to a per-user temporary folder with one warning, as the model
 cache does; ``DRAFTGRAPH_COMPILED_DIR`` names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
 """
@@ -60,7 +61,7 @@ class CompileStore:
         self.refused = 0
         self.written = 0
         self.evicted = 0
-        self._unit_figure: tuple[int, float] | None = None  # (units, seconds) noted (see unit_seconds)
+        self._unit_figure: dict[str, tuple[int, float]] | None = None  # kind -> (units, seconds) noted
 
     def path(self, key: str) -> Path:
         """The file of ``key`` (ValueError for a key that is not 64 hex digits)."""
@@ -73,28 +74,31 @@ class CompileStore:
         module docstring)."""
         return self._get(key, count=True)
 
-    def unit_seconds(self) -> float | None:
-        """The mean seconds a compiled unit took here (recording and compiling one state's step
-        at one size), over the latest units any process noted in this store (None before any):
-        what a cold start's estimate of its compile time uses."""
+    def unit_seconds(self, compiled: bool = True) -> float | None:
+        """The mean seconds a unit took here (recording one state's step at one size and compiling
+        it, or with ``compiled=False`` recording it and checking it against the compile its state
+        already had: the one symbolic compile), over the latest such units any process noted in
+        this store (None before any): what a cold start's estimate of its compile time uses."""
         with self._lock:
             if self._unit_figure is None:
-                raw = self._get(_UNIT_SECONDS_KEY, count=False)
-                self._unit_figure = _parse_units(raw)
-            units, seconds = self._unit_figure
+                self._unit_figure = _parse_units(self._get(_UNIT_SECONDS_KEY, count=False))
+            units, seconds = self._unit_figure[_KIND[compiled]]
         return seconds / units if units else None
 
-    def note_unit_seconds(self, seconds: float) -> None:
-        """Add one compiled unit's seconds to `unit_seconds` (kept in the store, over the latest
-        `_UNIT_WINDOW` units)."""
+    def note_unit_seconds(self, seconds: float, compiled: bool = True) -> None:
+        """Add one unit's seconds to `unit_seconds` (``compiled``: its capture ran a compile; kept in
+        the store, over the latest `_UNIT_WINDOW` units of each kind)."""
         if not seconds > 0:
             return
         with self._lock:
-            units, total = self._unit_figure or _parse_units(self._get(_UNIT_SECONDS_KEY, count=False))
+            figure = self._unit_figure or _parse_units(self._get(_UNIT_SECONDS_KEY, count=False))
+            units, total = figure[_KIND[compiled]]
             if units >= _UNIT_WINDOW:  # a moving mean: the latest units count the most
                 total, units = total * (_UNIT_WINDOW - 1) / units, _UNIT_WINDOW - 1
-            self._unit_figure = (units + 1, total + seconds)
-            payload = json.dumps({"units": units + 1, "seconds": total + seconds}).encode()
+            figure = {**figure, _KIND[compiled]: (units + 1, total + seconds)}
+            self._unit_figure = figure
+            payload = json.dumps({k: {"units": u, "seconds": t} for k, (u, t) in figure.items()},
+                                 sort_keys=True).encode()
         with contextlib.suppress(OSError):
             self.put(_UNIT_SECONDS_KEY, payload, count=False)
 
@@ -202,20 +206,29 @@ class CompileStore:
 
 
 # the store's own entry: the seconds of the latest compiled units (JSON), digest-checked like code
-_UNIT_SECONDS_KEY = hashlib.sha256(b"draftgraph compiled-unit seconds v1").hexdigest()
+# v2: units that compiled and units that only checked are kept apart (v1 mixed them)
+_UNIT_SECONDS_KEY = hashlib.sha256(b"draftgraph compiled-unit seconds v2").hexdigest()
 _UNIT_WINDOW = 64
+_KIND = {True: "compiled", False: "checked"}
 
 
-def _parse_units(raw: bytes | None) -> tuple[int, float]:
-    """(units, seconds) of the unit-seconds entry; (0, 0.0) when absent or not of this form."""
-    if raw is None:
-        return 0, 0.0
+def _parse_units(raw: bytes | None) -> dict[str, tuple[int, float]]:
+    """kind ("compiled", "checked") -> (units, seconds) of the unit-seconds entry; (0, 0.0) for a
+    kind absent or not of this form."""
+    out = dict.fromkeys(_KIND.values(), (0, 0.0))
     try:
-        doc = json.loads(raw)
-        units, seconds = int(doc["units"]), float(doc["seconds"])
-    except (ValueError, TypeError, KeyError):
-        return 0, 0.0
-    return (units, seconds) if units > 0 and seconds > 0 else (0, 0.0)
+        doc = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return out
+    for kind in out:
+        entry = doc.get(kind) if isinstance(doc, dict) else None
+        try:
+            units, seconds = int(entry["units"]), float(entry["seconds"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        if units > 0 and seconds > 0:
+            out[kind] = (units, seconds)
+    return out
 
 
 def _unsafe(st: os.stat_result) -> str | None:

@@ -113,11 +113,12 @@ def _managers(state: RuntimeState) -> list[Any]:
     return out
 
 
-def compiled_unit_seconds() -> float | None:
-    """The mean seconds a unit took to record and compile, as noted in the store by this and
-    earlier processes (None when the store is off or holds no figure)."""
+def compiled_unit_seconds(compiled: bool = True) -> float | None:
+    """The mean seconds a unit took to record and compile (``compiled=False``: to record and check
+    against its state's one compile), as noted in the store by this and earlier processes (None
+    when the store is off or holds no figure)."""
     store = default_compile_store()
-    return None if store is None else store.unit_seconds()
+    return None if store is None else store.unit_seconds(compiled)
 
 
 def source_counts(states: list[RuntimeState], compile_process: dict[str, Any] | None = None) -> dict[str, Any]:

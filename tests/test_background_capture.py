@@ -325,16 +325,19 @@ def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
     _inject(w.state.graphs, {4: hang})  # before any batch: the smallest first, so 1 and 2 ran
     try:
         assert entered.wait(30)
-        eta = graphs_eta(q, len(w.state.graphs.pending_sizes))
+        assert w.state.graphs.pending_compiles == 0  # trace: nothing compiles
+        eta = graphs_eta(q, len(w.state.graphs.pending_sizes), w.state.graphs.pending_compiles)
         assert (eta["pending"], eta["basis"], eta["units_measured"]) == (2, "measured", 2)
-        assert eta["per_unit_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_unit_s"])
+        assert (eta["compiles"], eta["checks"], eta["compiles_measured"]) == (0, 2, 0)
+        assert eta["per_check_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_check_s"])
         assert eta["paced_s"] == q.max_wait_s
         report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
                   "states": [{"sizes_ready": [1, 2], "sizes_pending": [4, 8], "sizes_failed": []}]}
         text = _ready_text(report)
         assert text.startswith("not yet: 2 of 4 capture units pending (background); compiling them takes about ")
-        assert "the mean of 2 here" in text and "served eager meanwhile" in text
-        assert graphs_eta(q, 2, earlier_s=30.0)["basis"] == "measured"  # this run's units come first
+        assert "2 without a compile at " in text and "the mean of 2 here" in text
+        assert "served eager meanwhile" in text
+        assert graphs_eta(q, 2, earlier_check_s=30.0)["basis"] == "measured"  # this run's units come first
     finally:
         release.set()
     assert w.stop_capture(30)
@@ -346,15 +349,87 @@ def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
 
     w = make_worker(SPEC, bs=(1, 2), backend=None)
     q = w.capture_queue
-    eta = graphs_eta(q, 2, earlier_s=7.5)
-    assert eta == {"pending": 2, "per_unit_s": 7.5, "seconds": 15.0, "basis": "earlier runs",
-                   "units_measured": 0, "paced_s": None}  # nothing queued: nothing paced
+    eta = graphs_eta(q, 2, compiles=1, earlier_compile_s=7.5, earlier_check_s=0.5)
+    assert eta == {"pending": 2, "compiles": 1, "checks": 1, "per_compile_s": 7.5, "per_check_s": 0.5,
+                   "compile_basis": "earlier runs", "check_basis": "earlier runs", "seconds": 8.0,
+                   "basis": "earlier runs", "units_measured": 0, "compiles_measured": 0,
+                   "paced_s": None}  # nothing queued: nothing paced
     assert graphs_eta(q, 2)["basis"] == "unknown"
     report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
               "states": [{"sizes_ready": [], "sizes_pending": [1, 2], "sizes_failed": []}]}
     text = _ready_text(report)
-    assert text.startswith("not yet: 2 of 2 capture units pending (background); compiling them takes about 15 s ")
-    assert "measured by earlier runs" in text and "served eager meanwhile" in text
+    assert text.startswith("not yet: 2 of 2 capture units pending (background); compiling them takes about 8 s "
+                           "(1 that compile at 7.5 s each, measured by earlier runs (none finished here); "
+                           "1 without a compile at 0.5 s each, measured by earlier runs (none finished here)")
+    assert "served eager meanwhile" in text
+
+
+class _Queue:
+    """A capture queue's figures as `graphs_eta` reads them (set by hand)."""
+
+    def __init__(self, units_run=0, unit_s=0.0, compile_units=0, compile_unit_s=0.0, unfinished_s=0.0,
+                 running_s=None):
+        self.units_run, self.unit_s = units_run, unit_s
+        self.compile_units, self.compile_unit_s = compile_units, compile_unit_s
+        self.unfinished_s, self._running_s = unfinished_s, running_s
+        self.max_wait_s = 10.0
+
+    def running_s(self):
+        return self._running_s
+
+    def paced(self):
+        return False
+
+
+@pytest.mark.parametrize("queue_figures,pending,compiles,earlier,want", [
+    # one symbolic compile per state, cold: 5 states x 8 sizes, the first unit running 4 s: the 5
+    # compiles are at least 4 s each, the 35 checks have no figure (0 s): at least 20 s
+    ({"running_s": 4.0}, 40, 5, (None, None), (20.0, "at least", 4.0, None)),
+    # 2 states compiled (20 s), 8 checks (4 s) ran: 3 compiles x 10 s + 27 checks x 0.5 s
+    ({"units_run": 10, "unit_s": 24.0, "compile_units": 2, "compile_unit_s": 20.0}, 30, 3, (None, None),
+     (43.5, "measured", 10.0, 0.5)),
+    # nothing ran here: the store's figures of earlier runs, 5 x 12 s + 35 x 0.4 s
+    ({}, 40, 5, (12.0, 0.4), (74.0, "earlier runs", 12.0, 0.4)),
+    # one compile measured (8 s), no check yet nor an earlier figure: 4 x 8 s, a lower bound
+    ({"units_run": 1, "unit_s": 8.0, "compile_units": 1, "compile_unit_s": 8.0, "running_s": 0.2}, 39, 4,
+     (None, None), (32.0, "at least", 8.0, None)),
+    # compiles measured here, checks from earlier runs: 2 x 6 s + 10 x 0.25 s; the weaker basis
+    ({"units_run": 3, "unit_s": 18.0, "compile_units": 3, "compile_unit_s": 18.0}, 12, 2, (30.0, 0.25),
+     (14.5, "earlier runs", 6.0, 0.25)),
+    # per size (DRAFTGRAPH_COMPILE_SYMBOLIC=0): every unit compiles, 37 x 10 s
+    ({"units_run": 3, "unit_s": 30.0, "compile_units": 3, "compile_unit_s": 30.0}, 37, 37, (None, None),
+     (370.0, "measured", 10.0, None)),
+    # every state compiled: only checks left, 6 x 0.5 s
+    ({"units_run": 34, "unit_s": 27.0, "compile_units": 5, "compile_unit_s": 12.5}, 6, 0, (9.0, 0.1),
+     (3.0, "measured", 2.5, 0.5)),
+    # trace (nothing compiles): a unit cut off after 2.5 s bounds the 2 pending ones
+    ({"unfinished_s": 2.5}, 2, 0, (None, None), (5.0, "at least", None, 2.5)),
+    # nothing ran, nothing runs, no earlier figure: no estimate
+    ({}, 8, 1, (None, None), (None, "unknown", None, None)),
+])
+def test_the_estimate_counts_compiles_and_checks_apart(queue_figures, pending, compiles, earlier, want):
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    eta = graphs_eta(_Queue(**queue_figures), pending, compiles, *earlier)
+    seconds, basis, per_compile, per_check = want
+    assert (eta["pending"], eta["compiles"], eta["checks"]) == (pending, compiles, pending - compiles)
+    assert eta["basis"] == basis
+    assert eta["seconds"] == (None if seconds is None else pytest.approx(seconds))
+    assert eta["per_compile_s"] == (None if per_compile is None else pytest.approx(per_compile))
+    assert eta["per_check_s"] == (None if per_check is None else pytest.approx(per_check))
+
+
+def test_the_ready_line_names_each_kind_and_a_missing_figure():
+    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.engine.report import graphs_eta
+
+    eta = graphs_eta(_Queue(running_s=4.0), 40, 5)
+    report = {"graphs_ready_s": None, "capture": "background", "graphs_eta": eta,
+              "states": [{"sizes_ready": [], "sizes_pending": list(range(1, 9)), "sizes_failed": []}] * 5}
+    assert _ready_text(report).startswith(
+        "not yet: 40 of 40 capture units pending (background); compiling them takes at least 20 s more "
+        "(5 that compile at 4.0 s or more each (none finished here; the longest unfinished unit ran 4.0 s); "
+        "35 without a compile: no figure yet, counted 0 s); those steps were served eager meanwhile")
 
 
 def test_engine_close_reports_a_capture_still_running():

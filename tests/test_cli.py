@@ -170,11 +170,11 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
     from draftgraph.runtime.engine.cli import _ready_text
 
     eta = box[0]["graphs_eta"]
-    assert (eta["pending"], eta["basis"], eta["units_measured"]) == (2, "at least", 0)
-    assert eta["per_unit_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_unit_s"])
+    assert (eta["pending"], eta["compiles"], eta["basis"], eta["units_measured"]) == (2, 0, "at least", 0)
+    assert eta["per_check_s"] > 0 and eta["seconds"] == pytest.approx(2 * eta["per_check_s"])
     text = _ready_text(box[0])
     assert text.startswith("not yet: 2 of 2 capture units pending (background); compiling them takes at least ")
-    assert "no unit finished" in text and "served eager meanwhile" in text
+    assert "none finished here" in text and "served eager meanwhile" in text
 
 
 @pytest.mark.parametrize("flag", ["--metrics-file", "--profile"])

@@ -196,6 +196,19 @@ def test_unit_seconds_persist_for_the_next_process_and_count_nothing(tmp_path):
     assert CompileStore(tmp_path / "s").unit_seconds() == pytest.approx(10.0, rel=1e-3)
 
 
+def test_units_that_only_checked_are_kept_apart_from_units_that_compiled(tmp_path):
+    store = CompileStore(tmp_path / "s")
+    store.note_unit_seconds(12.0)
+    for seconds in (0.2, 0.4):
+        store.note_unit_seconds(seconds, compiled=False)
+    later = CompileStore(tmp_path / "s")  # as a new process opens it
+    assert later.unit_seconds() == pytest.approx(12.0)
+    assert later.unit_seconds(compiled=False) == pytest.approx(0.3)
+    later.note_unit_seconds(0.6, compiled=False)
+    assert CompileStore(tmp_path / "s").unit_seconds(False) == pytest.approx(0.4)
+    assert CompileStore(tmp_path / "s").unit_seconds() == pytest.approx(12.0)
+
+
 def test_a_damaged_unit_seconds_entry_is_refused_and_reads_as_none(tmp_path, caplog):
     from draftgraph.runtime.compile_store import _UNIT_SECONDS_KEY
 

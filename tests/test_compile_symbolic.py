@@ -272,6 +272,56 @@ def test_a_chain_step_that_drafts_nothing_is_stored_and_loaded(tmp_path, monkeyp
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("symbolic,record_fails,after_first", [(True, False, 0), (False, False, 2), (True, True, 2)])
+def test_pending_compiles_counts_the_one_symbolic_compile_then_only_checks(symbolic, record_fails, after_first,
+                                                                            monkeypatch):
+    """What an estimate of the pending units' time counts: 3 sizes pending, one compile ahead
+    with the symbolic compile (none once it ran: the other 2 only check), 3 per size (2 after
+    one), and per size again once the symbolic recording failed."""
+    if record_fails:
+        def broken(*_):
+            raise RuntimeError("injected symbolic failure")
+
+        monkeypatch.setattr(compile_module, "record_symbolic", broken)
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1" if symbolic else "0")
+    step, _ = _step()
+    m = GraphCaptureManager(step, {"x": torch.zeros(4, 4), "ids": torch.zeros(4, 2, dtype=torch.long)},
+                            SIZES, backend="compile", pad_values={"ids": 7})
+    assert m.pending_compiles == 0  # nothing pending before begin
+    m.begin()
+    assert m.pending_compiles == (1 if symbolic else 3)
+    m.capture_size(1)
+    assert m.pending_sizes == (2, 4) and m.pending_compiles == after_first
+    assert m.stats.sizes[1].compiles == 1  # the first unit ran the compile either way
+    m.release()
+
+
+@pytest.mark.parametrize("closed,ahead", [(True, 1), (False, 2)])
+def test_a_symbolic_compile_cut_off_by_a_close_still_counts_as_one_compile_ahead(closed, ahead):
+    """A close is not the symbolic compile's failure: the sizes left still count one compile, not
+    one each (a compile process that died sends the later sizes per size: one each)."""
+    from draftgraph.graphs import GraphCaptureError
+    from draftgraph.graphs.backend_compile import CompileBackend
+    from draftgraph.graphs.compile_worker import CompileWorkerDied
+
+    class Gone:
+        def __init__(self) -> None:
+            self.closed = closed
+
+        def compile(self, gm, inputs, dynamic=0):
+            raise CompileWorkerDied("the compile process is gone")
+
+    step, _ = _step()
+    static = (torch.zeros(4, 4), torch.zeros(4, 2, dtype=torch.long))
+    backend = CompileBackend(4, compiler=Gone(), symbolic=True)
+    backend.warmup(step, static)
+    assert backend.compiles_ahead(3) == 1
+    with pytest.raises(GraphCaptureError):
+        backend.capture(1, step, tuple(t[:1] for t in static))
+    assert backend.compiles_ahead(2) == ahead
+    backend.release()
+
+
 def test_a_symbolic_code_that_differs_compiles_that_size_on_its_own(monkeypatch):
     def off_by_one(gm, inputs):
         def run(*a):

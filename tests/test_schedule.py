@@ -227,5 +227,18 @@ def test_cli_schedule_flags(capsys):
     assert [b["band"] for b in out["schedule"]] == ["1-3", "4-15", "16-31", "32+"]
     assert out["schedule"][3]["capture_sizes"] == [] and out["schedule"][0]["capture_sizes"] == [1, 2, 3]
     assert set(out["schedule"][1]["capture_sizes"]) == {g for g in out["capture_sizes"] if 4 <= g <= 16}
+    # an off band (S=0) captures its band's sizes for the width-1 verify and extend when phases
+    # are captured: here 32+ over a grid topped at 32; none without phases (the CPU default) or graphs
+    flags = ["info", "--schedule", "1:5,4:3,16:1,32:0", "--max-bs", "32", "--max-running", "64", "--backend", "trace"]
+    assert cli.main([*flags, "--graph-phases", "verify,extend"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["graph_phases"] == ["verify", "extend"] and out["schedule"][3]["capture_sizes"] == [32]
+    assert out["schedule"][0]["capture_sizes"] == [1, 2, 3]
+    assert cli.main([*flags, "--graph-phases", ""]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["graph_phases"] == [] and out["schedule"][3]["capture_sizes"] == []
+    assert cli.main([*flags[:-1], "eager", "--graph-phases", "verify"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(b["capture_sizes"] == [] for b in out["schedule"]) and "graph_phases" not in out
     assert cli.main(["info", "--schedule", "2:5"]) == 2
     assert "the first threshold is 2" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from draftgraph.runtime import (
 )
 from draftgraph.runtime.schedule import SpeculationSchedule
 
+from .phases import default_graph_phases
 from .profile_report import format_table
 from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
@@ -99,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=96)
     info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
     _spec_flags(info)
+    info.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
+                      help="phases captured beside the draft step, as for simulate (what an off band captures)")
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     return ap
 
@@ -133,11 +136,14 @@ def _info(ns: argparse.Namespace) -> int:
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
            "inductor_cache_dir": str(inductor_cache_dir())}
-    if args.schedule is not None:  # which state owns which capture sizes
-        from .scheduling import band_capture_sizes
-        grid = out["capture_sizes"]
+    if out["backend"] != "eager":
+        out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
+                                   else ns.graph_phases)
+    if args.schedule is not None:  # which state owns which capture sizes (an off band: its phases')
+        from .scheduling import band_state_sizes
+        grid, phases = out["capture_sizes"], bool(out.get("graph_phases"))
         out["schedule"] = [{"band": b.label(), "steps": list(b.steps),
-                            "capture_sizes": [] if b.off else band_capture_sizes(grid, b)}
+                            "capture_sizes": band_state_sizes(grid, b, out["backend"] != "eager", phases)}
                            for b in args.schedule.bands]
     print(json.dumps(out, indent=2))
     return 0
@@ -318,15 +324,11 @@ def _ready_text(r: dict[str, Any]) -> str:
     total = pending + sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in r["states"])
     text = f"not yet: {pending} of {total} capture units pending ({r['capture']}); "
     eta = r.get("graphs_eta") or {}
-    if eta.get("basis") == "measured":
-        text += (f"compiling them takes about {eta['seconds']:.0f} s more ({eta['per_unit_s']:.1f} s a unit, "
-                 f"the mean of {eta['units_measured']} here")
-    elif eta.get("basis") == "earlier runs":
-        text += (f"compiling them takes about {eta['seconds']:.0f} s ({eta['per_unit_s']:.1f} s a unit, "
-                 f"measured by earlier runs; none finished here")
-    elif eta.get("basis") == "at least":
-        text += (f"compiling them takes at least {eta['seconds']:.0f} s more (no unit finished; the longest "
-                 f"ran {eta['per_unit_s']:.1f} s")
+    basis = eta.get("basis")
+    if basis in ("measured", "earlier runs", "at least"):
+        how = {"measured": "about {:.0f} s more", "earlier runs": "about {:.0f} s",
+               "at least": "at least {:.0f} s more"}[basis]
+        text += f"compiling them takes {how.format(eta['seconds'])} ({_eta_parts(eta)}"
     else:
         text += "no unit ran yet, so no estimate of the time they take ("
     if eta.get("paced_s"):
@@ -335,6 +337,26 @@ def _ready_text(r: dict[str, Any]) -> str:
     if r.get("compiled_store") is not None and r.get("backend") == "compile":
         text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
     return text
+
+
+def _eta_parts(eta: dict[str, Any]) -> str:
+    """Each kind of pending unit in the estimate: how many, seconds each and where that came from."""
+    measured = {"compile": eta["compiles_measured"], "check": eta["units_measured"] - eta["compiles_measured"]}
+    parts = []
+    for kind, what in (("compile", "that compile"), ("check", "without a compile")):
+        n, per, basis = eta[f"{kind}s"], eta[f"per_{kind}_s"], eta[f"{kind}_basis"]
+        if not n:
+            continue
+        if per is None:
+            parts.append(f"{n} {what}: no figure yet, counted 0 s")
+        elif basis == "measured":
+            parts.append(f"{n} {what} at {per:.1f} s each, the mean of {measured[kind]} here")
+        elif basis == "earlier runs":
+            parts.append(f"{n} {what} at {per:.1f} s each, measured by earlier runs (none finished here)")
+        else:
+            parts.append(f"{n} {what} at {per:.1f} s or more each (none finished here; the longest "
+                         f"unfinished unit ran {per:.1f} s)")
+    return "; ".join(parts)
 
 
 def _before_after_text(r: dict[str, Any]) -> str:

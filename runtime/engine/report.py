@@ -82,8 +82,9 @@ class EngineReport:
     def _graphs_eta(self, states: list[Any], queue: Any, pending: int) -> dict[str, Any] | None:
         if not pending:
             return None
-        earlier = compiled_unit_seconds() if not queue.units_run and _compiles(states) else None
-        return graphs_eta(queue, pending, earlier)
+        compiles = sum(s.graphs.pending_compiles for s in states if s.graphs is not None and not s.target_only)
+        earlier = (compiled_unit_seconds(True), compiled_unit_seconds(False)) if _compiles(states) else (None, None)
+        return graphs_eta(queue, pending, compiles, *earlier)
 
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it: ``startup_s`` (construction to the first servable step),
@@ -112,28 +113,61 @@ class EngineReport:
         }
 
 
-def graphs_eta(queue: Any, pending: int, earlier_s: float | None = None) -> dict[str, Any] | None:
-    """How long the ``pending`` capture units will take (None when none is pending):
-    ``per_unit_s`` is the mean over the units that ran here (``basis`` "measured"); when none
-    ran yet, ``earlier_s`` (a unit's mean seconds in earlier runs, from the compiled-code store:
-    ``basis`` "earlier runs"), else the longest a unit has run without finishing (the one in
-    progress, or one cut off by a stop: ``basis`` "at least"), else None (``basis``
-    "unknown"). ``seconds`` is
-    ``pending * per_unit_s`` of capture work; a busy server runs a unit every ``paced_s`` at most
-    (None when the next unit is not paced: it compiles in the compile process, or
-    ``max_wait_s`` is 0)."""
+_BASES = ("measured", "earlier runs", "at least", "unknown")  # strongest first
+
+
+def graphs_eta(queue: Any, pending: int, compiles: int = 0, earlier_compile_s: float | None = None,
+               earlier_check_s: float | None = None) -> dict[str, Any] | None:
+    """How long the ``pending`` capture units will take (None when none is pending).
+
+    Two kinds of unit cost very differently: ``compiles`` of them run a compile (the compile
+    backend: with its one symbolic compile per state, a state's first unit; per size, every unit),
+    the other ``checks`` only record (and check against their state's compile): measured, 3-15 s
+    each against 0.1-0.5 s. Each kind's seconds (``per_compile_s``, ``per_check_s``) is the mean
+    of that kind's units run here (``compile_basis`` / ``check_basis`` "measured"); when none ran,
+    ``earlier_compile_s`` / ``earlier_check_s`` (that kind's mean in earlier runs, from the
+    compiled-code store: "earlier runs"); else, for the kind the unit in progress is (a compile
+    while any is pending), the longest a unit has run without finishing (the one in progress, or
+    one cut off by a stop: "at least"); else None ("unknown"). ``seconds`` sums count x seconds
+    over the pending kinds with a figure (None when none has one); ``basis`` is the weakest basis
+    of the pending kinds, "at least" when one of them has no figure (it counts 0 seconds).
+    ``units_measured`` / ``compiles_measured``: units run here / of them, those that compiled. A
+    busy server runs a unit every ``paced_s`` at most (None when the next unit is not paced: it
+    compiles in the compile process, or ``max_wait_s`` is 0)."""
     if pending <= 0:
         return None
-    if queue.units_run:
-        per_unit, basis = queue.unit_s / queue.units_run, "measured"
-    elif earlier_s:
-        per_unit, basis = earlier_s, "earlier runs"
+    compiles = max(0, min(int(compiles), pending))
+    checks = pending - compiles
+    longest = max(queue.unfinished_s, queue.running_s() or 0.0)
+    ran_checks = queue.units_run - queue.compile_units
+    per_compile, compile_basis = _figure(queue.compile_units, queue.compile_unit_s, earlier_compile_s,
+                                         longest if compiles else 0.0)
+    per_check, check_basis = _figure(ran_checks, queue.unit_s - queue.compile_unit_s, earlier_check_s,
+                                     0.0 if compiles else longest)
+    kinds = [(n, per, basis) for n, per, basis in ((compiles, per_compile, compile_basis),
+                                                   (checks, per_check, check_basis)) if n]
+    known = [(n, per) for n, per, _ in kinds if per is not None]
+    if known:
+        seconds: float | None = sum(n * per for n, per in known)
+        basis = max((b if per is not None else "at least" for _, per, b in kinds), key=_BASES.index)
     else:
-        longest = max(queue.unfinished_s, queue.running_s() or 0.0)
-        per_unit, basis = (longest, "at least") if longest > 0 else (None, "unknown")
+        seconds, basis = None, "unknown"
     paced = queue.max_wait_s if queue.max_wait_s > 0 and queue.paced() else None
-    return {"pending": pending, "per_unit_s": per_unit, "seconds": None if per_unit is None else pending * per_unit,
-            "basis": basis, "units_measured": queue.units_run, "paced_s": paced}
+    return {"pending": pending, "compiles": compiles, "checks": checks, "per_compile_s": per_compile,
+            "per_check_s": per_check, "compile_basis": compile_basis, "check_basis": check_basis,
+            "seconds": seconds, "basis": basis, "units_measured": queue.units_run,
+            "compiles_measured": queue.compile_units, "paced_s": paced}
+
+
+def _figure(units: int, total_s: float, earlier_s: float | None, longest_s: float) -> tuple[float | None, str]:
+    """One kind's seconds a unit and its basis (see `graphs_eta`)."""
+    if units:
+        return total_s / units, "measured"
+    if earlier_s:
+        return earlier_s, "earlier runs"
+    if longest_s > 0:
+        return longest_s, "at least"
+    return None, "unknown"
 
 
 def _compiles(states: list[Any]) -> bool:

@@ -24,7 +24,7 @@ from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, SpeculativeConfig
 from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
 
-__all__ = ["BandScheduler", "band_capture_sizes", "check_schedule", "reload_state_specs"]
+__all__ = ["BandScheduler", "band_capture_sizes", "band_state_sizes", "check_schedule", "reload_state_specs"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,16 @@ def band_capture_sizes(grid: Sequence[int], band: ScheduleBand) -> list[int]:
         if above:
             inside.append(above[0])
     return sorted(set(inside))
+
+
+def band_state_sizes(grid: Sequence[int], band: ScheduleBand, graphs: bool, phases: bool) -> list[int]:
+    """The sizes the states of ``band`` capture: none without ``graphs`` (the eager backend); a
+    band with speculation on, `band_capture_sizes`; an off band (S=0), the same sizes for its plain
+    target state's width-1 verify and extend when the host captures ``phases``, else none (it has
+    no draft step to capture)."""
+    if not graphs or (band.off and not phases):
+        return []
+    return band_capture_sizes(grid, band)
 
 
 def check_schedule(schedule: SpeculationSchedule, spec: SpeculativeConfig, max_steps: int | None) -> None:
@@ -99,9 +109,8 @@ class BandScheduler:
         self.targets: list[Any] = []  # per band: its plain target step's state (S=0 bands with sizes)
         self.sizes: list[list[int]] = []
         for band in self.bands:
-            sizes = band_capture_sizes(grid, band) if backend is not None else []
+            sizes = band_state_sizes(grid, band, backend is not None, worker.phase_provider is not None)
             if band.off:  # graphs only for the host's width-1 phases
-                sizes = sizes if worker.phase_provider is not None else []
                 self.sizes.append(sizes)
                 self.controllers.append(None)
                 self.targets.append(worker.build_target_state(sizes, backend or "auto", background=background)
