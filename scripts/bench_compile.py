@@ -50,7 +50,8 @@ def _step_timings(workers: dict[str, Any], sizes: tuple[int, ...], rounds: int, 
             fns["compiled"] = workers["compile"].state.graphs.captured_graph(b).replay
         views = fx.inputs
         state = eager_worker.state
-        fns["eager"] = lambda v=views, s=state: eager_worker.draft_step(s, *v, count=False)
+        rows = eager_worker.row_layout.assemble(list(views[2:]))  # the head's rows from their static fields
+        fns["eager"] = lambda v=views, s=state, r=rows: eager_worker.draft_step(s, v[0], v[1], r, count=False)
         with torch.no_grad():
             samples = time_interleaved(fns, repeats=rounds, inner=inner, gc_off=True)
         out.append({"b": b, "samples": samples})
