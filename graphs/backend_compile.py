@@ -821,8 +821,8 @@ def _paired_seconds(a: Callable[[], Any], b: Callable[[], Any], rounds: int = 9)
     """(median seconds of ``a``, of ``b``, median of the per-round ratios a / b): one warm-up
     call each, then ``rounds`` rounds that call ``a`` and ``b`` back to back, the order
     alternating. A compile process or serving busy on the other core slows both sides of a
-    round alike, so the ratio holds where two separate medians did not (measured: a cold
-    fill timed 37 of 63 steps' sizes "eager_faster" that a quiet run replays, and stored it)."""
+    round alike, so the ratio holds where two separate medians did not (measured: a cold fill
+    served 37 of its 63 steps eager, "eager_faster", and stored that verdict; with pairs, 0)."""
     a()
     b()
     ta: list[float] = []
