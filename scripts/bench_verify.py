@@ -16,6 +16,9 @@ they exact, and which KV window tiers to capture (issue 31, items 2 and 4).
 3. Extend: the EAGLE head's `extend` (float32) over 4 committed tokens per request, lk=128,
    at b in {1, 4, 16}: the same four paths and the same exactness check.
 
+4. The target's linear layers alone at each b's b x N tokens (float64, no attention, no graph):
+   the part of a verify no graph removes (``--floor-only``: only this part, seconds).
+
 Figures only, no targets (the engine-level targets of issue 31 live in bench_engine). Prints a
 table per part and the JSON (``--json PATH`` writes it); ``--quick``: lk=128, b=1, no raw
 torch.compile, few rounds.
@@ -218,6 +221,27 @@ def tiering_rows(rows: list[dict[str, Any]], windows: tuple[int, ...], capture_s
     return out
 
 
+def matmul_floor_rows(target: Any, batches: list[int], repeats: int = 200) -> list[dict[str, Any]]:
+    """Milliseconds of the target's linear layers alone (every ``nn.Linear``, float64) at a
+    verify's b x N tokens: the part of a verify that no graph removes, which the eager and the
+    graphed engine both run (median of ``repeats`` passes after 20 warm-up passes)."""
+    layers = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    rows = []
+    for b in batches:
+        xs = [torch.randn(b * N, m.in_features, dtype=m.weight.dtype) for m in layers]
+        times = []
+        with torch.no_grad():
+            for i in range(20 + repeats):
+                start = time.perf_counter()
+                for m, x in zip(layers, xs):
+                    torch.nn.functional.linear(x, m.weight, m.bias)
+                if i >= 20:
+                    times.append(time.perf_counter() - start)
+        times.sort()
+        rows.append({"b": b, "tokens": b * N, "layers": len(layers), "matmul_floor_ms": times[len(times) // 2] * 1e3})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json")
@@ -229,9 +253,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--inner", type=int, default=5)
     p.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--floor-only", action="store_true",
+                   help="only part 4: the target's linear layers alone at each b's verify tokens")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.floor_only:
+        target, _ = default_models()
+        floor = matmul_floor_rows(target, sorted(set(a.batch)))
+        return emit("verify", floor, ["b", "tokens", "layers", "matmul_floor_ms"],
+                    {"n": N, "threads": torch.get_num_threads()}, a.json)
     if a.quick:
         a.windows, a.batch, a.no_raw, a.repeats, a.inner = [128], [1], True, 3, 3
     if not compiler_available():
@@ -267,6 +298,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(_row(part, b, case.lk, samples, exact, compile_s, case.managers))
                 records += _records(part, b, case.lk, samples)
     tiers = tiering_rows(rows, windows, capture_s, len(sizes))
+    floor = matmul_floor_rows(target, sorted(set(a.batch)), repeats=max(20, a.repeats * 5))
+    _print_table("the target's linear layers alone (part of every verify, graphed or not)", floor,
+                 ["b", "tokens", "layers", "matmul_floor_ms"])
     cols = ["part", "b", "lk", "eager_ms", "torch_compile_ms", "trace_ms", "compile_ms", "x_torch_compile",
             "x_trace", "x_compile", "compile_engine", "bitwise_compile", "bitwise_torch_compile", "diff_torch_compile",
             "first_equal"]
@@ -274,7 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  ["b", "tiers", "graphs", "capture_s", "mean_ms_all", "x_full_all", "mean_ms_le256", "x_full_le256"])
     extra = {"n": N, "sizes": list(sizes), "windows": list(windows), "extend_window": EXTEND_WINDOW,
              "threads": torch.get_num_threads(), "repeats": a.repeats, "inner": a.inner,
-             "capture_s": capture_s, "tiers": tiers, "reduce": "median of interleaved rounds", "records": records}
+             "capture_s": capture_s, "tiers": tiers, "matmul_floor": floor, "reduce": "median of interleaved rounds",
+             "records": records}
     return emit("verify", rows, cols, extra, a.json)
 
 
