@@ -141,7 +141,9 @@ def _one_fake_mode() -> Any:
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
+    mode = FakeTensorMode(allow_fallback_kernels=True)
+    mode.cache_enabled = False  # its dispatch cache is process-wide (see `compile_symbolic.record_symbolic`)
+    return tracing(TracingContext(mode))
 
 
 def _fx_source_keys() -> set[str]:

@@ -218,12 +218,15 @@ def test_reloads_with_compile_keep_memory_flat():
     assert r["engine"] == "inductor" and r["reloads"] == 130
     assert r["modules"] == 0 and r["loaded"] == 0  # a released graph's generated module is forgotten
     # process-wide caches (allocator arenas, sympy's bounded caches) still settle over the first
-    # window (measured 1.8-4 MB, 7 MB on a loaded machine) and then level off (0.4-0.6 MB for the
-    # next 50); a leak of one graph's worth per reload (>= 50 KB) grows every window alike
+    # window and then level off; a leak of one graph's worth per reload (>= 50 KB) grows every
+    # window alike. Measured with the store off, as here: first window 5.1 MB before recordings
+    # shared one fake mode, 7.2-7.9 MB since, 11.5 MB in a CI dry run on a loaded machine; four
+    # windows of 50 grew 7.4 / 1.0 / 1.2 / 0.8 MB (before: 5.1 / 1.3 / 1.7 / 0.8): a higher
+    # plateau, not a faster growth. The second window is the leak check; the sum bounds the plateau.
     first, second = r["grown"]
     assert second < 2.5 * 2**20, f"RSS grew by {second / 2**20:.2f} MB over the second 50 reloads " \
                                  f"(first 50: {first / 2**20:.2f} MB): memory grows with reloads"
-    assert first + second < 12 * 2**20, f"RSS grew by {(first + second) / 2**20:.2f} MB over 100 reloads"
+    assert first + second < 20 * 2**20, f"RSS grew by {(first + second) / 2**20:.2f} MB over 100 reloads"
 
 
 def test_begin_builds_inductors_plain_fx_graph_in_the_calling_thread():
