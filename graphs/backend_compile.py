@@ -373,12 +373,8 @@ class CompileBackend(TraceBackend):
                            size, exc)
             return None
 
-        def run(*inputs: Tensor) -> Any:
-            with torch.no_grad():
-                return compiled(*inputs)
-
-        graph = StoredGraph(size, run, (*args, *constants), tuple(outputs), tuple(fresh), described.get("nodes"),
-                            nbytes, "inductor")
+        graph = StoredGraph(size, _without_grad(compiled), (*args, *constants), tuple(outputs), tuple(fresh),
+                            described.get("nodes"), nbytes, "inductor")
         graph.source = self._symbolic_source
         if graph.source == "shared":
             self.shared += 1
@@ -434,12 +430,8 @@ class CompileBackend(TraceBackend):
             else:
                 raise EntryError(f"unknown code kind {engine!r}")
 
-        def run(*inputs: Tensor) -> Any:
-            with torch.no_grad():
-                return compiled(*inputs)
-
-        graph = StoredGraph(size, run, (*args, *constants), tuple(outputs), tuple(fresh), manifest.get("nodes"),
-                            nbytes, engine)
+        graph = StoredGraph(size, _without_grad(compiled), (*args, *constants), tuple(outputs), tuple(fresh),
+                            manifest.get("nodes"), nbytes, engine)
         if self.check_speed and manifest.get("prefer_eager") is not None:  # timed when it was stored
             graph.replay_s, graph.eager_s = manifest.get("replay_s"), manifest.get("eager_s")
             graph.prefer_eager = bool(manifest["prefer_eager"])
@@ -764,6 +756,14 @@ class CompileBackend(TraceBackend):
             return None, f"compiled replay differs from the FX replay at size {size}: {why}"
 
         return _runner(compiled, inputs, constants, raw), None
+
+
+def _without_grad(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` called under `torch.no_grad` (a stored graph's replay)."""
+    def run(*inputs: Tensor) -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+    return run
 
 
 # Loads and in-process compiles take turns on this lock, so that the modules inductor registers
