@@ -92,6 +92,9 @@ class SpecDecodeEngine:
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
             raise TypeError(f"target={type(target).__name__}: must be a TargetModel")
+        check_backend = getattr(target, "check_backend", None)  # a target refusing a graph backend
+        if check_backend is not None:
+            check_backend(backend)
         self.target = target
         self.backend = backend
         self.capture = capture
