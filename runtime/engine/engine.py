@@ -31,6 +31,7 @@ from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
+from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
@@ -101,12 +102,13 @@ class SpecDecodeEngine:
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
-        if isinstance(draft, EagleDraftHead):
+        if isinstance(draft, (EagleDraftHead, HFEagleHead)):
             self.drafter: EagleDrafter | MultiLayerDrafter = EagleDrafter(args, draft, self.max_slots + 1)
         elif isinstance(draft, MultiLayerDraft):
             self.drafter = MultiLayerDrafter(args, draft, self.max_slots + 1)
         else:
-            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
+            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead, an HFEagleHead or a "
+                            f"MultiLayerDraft")
         if isinstance(schedule, str):
             schedule = SpeculationSchedule.parse(schedule)
         schedule = schedule if schedule is not None else args.schedule

@@ -21,7 +21,7 @@ import torch
 from .hf_checks import SUPPORTED_TYPES
 from .hf_target import HFTarget
 
-__all__ = ["DTYPES", "load_target", "parse_dtype", "read_config", "weight_files"]
+__all__ = ["DTYPES", "load_config", "load_target", "parse_dtype", "read_config", "weight_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +88,11 @@ def _check_folder_config(folder: Path) -> None:
         raise ValueError(f"{folder}: no weights file (*.safetensors, *.bin or *.pt)")
 
 
-def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_len: int = DEFAULT_MAX_LEN,
-                feature_layers: Sequence[int] | None = None, device: str | torch.device = "cpu") -> HFTarget:
-    """An `HFTarget` from a checkpoint folder (or a hub id) in ``dtype`` with a cache of
-    ``max_len`` positions per request; ``feature_layers`` as `HFTarget`'s."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_config(source: str | Path) -> Any:
+    """The transformers config of checkpoint ``source`` (a folder, checked as `load_target` does,
+    or a hub id); ValueError naming the file and the key."""
+    from transformers import AutoConfig
 
-    torch_dtype = parse_dtype(dtype)
     folder = Path(source)
     local = folder.is_dir()
     if local:
@@ -102,10 +100,22 @@ def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_le
     elif isinstance(source, Path) or str(source).startswith((".", "/", "~")):
         raise ValueError(f"target={str(source)!r}: not a folder")
     try:
-        config = AutoConfig.from_pretrained(str(source), trust_remote_code=False)
+        return AutoConfig.from_pretrained(str(source), trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         where = folder / "config.json" if local else source
         raise ValueError(f"{where}: not a loadable transformers config ({exc})") from exc
+
+
+def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_len: int = DEFAULT_MAX_LEN,
+                feature_layers: Sequence[int] | None = None, device: str | torch.device = "cpu") -> HFTarget:
+    """An `HFTarget` from a checkpoint folder (or a hub id) in ``dtype`` with a cache of
+    ``max_len`` positions per request; ``feature_layers`` as `HFTarget`'s."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = parse_dtype(dtype)
+    folder = Path(source)
+    local = folder.is_dir()
+    config = load_config(source)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(str(source), config=config, dtype=torch_dtype,
                                                            trust_remote_code=False, output_loading_info=True)

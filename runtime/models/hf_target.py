@@ -9,8 +9,9 @@ positions and mask as one keyword that transformers hands to the attention funct
 no mask and no cache of its own.
 
 ``hidden`` is what the draft reads: the residual stream entering each of ``feature_layers``
-(layer ``L`` = the last layer's output before the final norm, the EAGLE-1/2 feature; EAGLE-3
-reads three layers), concatenated on the last dim; ``hidden_size`` is its width. The streams
+(layer ``L`` = the last layer's output before the final norm; `NORMED` = the final norm's
+output, the EAGLE-1/2 feature; EAGLE-3 reads three layers), concatenated on the last dim;
+``hidden_size`` is its width. The streams
 are taken by forward pre-hooks (per thread: a background capture may trace while the serving
 thread runs), so the forward costs nothing more than the model's.
 
@@ -33,9 +34,11 @@ from .hf_attention import ATTN_NAME, CONTEXT_KEY, AttentionContext, register
 from .hf_checks import check_backend, check_config
 from .kv_cache import KVCache
 
-__all__ = ["HFTarget", "HFTargetConfig"]
+__all__ = ["HFTarget", "HFTargetConfig", "NORMED"]
 
 logger = logging.getLogger(__name__)
+
+NORMED = -1  # a feature layer id: the final norm's output (what EAGLE-1/2 heads read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +76,11 @@ class HFTarget(nn.Module):
         check_config(config, max_len)
         n_layers = config.num_hidden_layers
         layers = (n_layers,) if feature_layers is None else tuple(feature_layers)
-        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= n_layers]
+        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not NORMED <= i <= n_layers]
         if not layers or bad:
             raise ValueError(f"feature_layers={list(layers)}: each must be an int in [0, {n_layers}] (the residual "
-                             f"stream entering that layer; {n_layers}: the last layer's output)")
+                             f"stream entering that layer; {n_layers}: the last layer's output) or {NORMED} "
+                             f"(the final norm's output)")
         register()
         model.set_attn_implementation(ATTN_NAME)
         # transformers documents config._attn_implementation as the model's attention switch
@@ -97,17 +101,20 @@ class HFTarget(nn.Module):
                     type(model).__name__, n_layers, heads, self.cfg.n_kv_heads, self.cfg.dim, max_len, list(layers))
 
     def _tap(self, layer: int) -> Any:
-        """A forward pre-hook keeping the residual stream entering ``layer`` (L: the final norm)."""
+        """A hook keeping the residual stream entering ``layer`` (L: the final norm's input;
+        `NORMED`: its output)."""
         base = self.model.base_model
-        module = base.norm if layer == self.cfg.n_layers else base.layers[layer]
         taps = self._taps
 
-        def keep(_module: nn.Module, args: tuple[Any, ...]) -> None:
+        def keep(value: torch.Tensor) -> None:
             store = getattr(taps, "streams", None)
             if store is not None:
-                store[layer] = args[0]
+                store[layer] = value
 
-        return module.register_forward_pre_hook(keep)
+        if layer == NORMED:
+            return base.norm.register_forward_hook(lambda _m, _args, out: keep(out))
+        module = base.norm if layer == self.cfg.n_layers else base.layers[layer]
+        return module.register_forward_pre_hook(lambda _m, args: keep(args[0]))
 
     @torch.no_grad()
     def _probe(self) -> None:
