@@ -324,8 +324,18 @@ class SpecDecodeEngine:
 
     def stats(self) -> dict[str, Any]:
         """Engine figures plus the worker's counters and per-state statistics. Safe from any
-        thread (a metrics scrape while serving)."""
-        return self.report.stats()
+        thread (a metrics scrape while serving). ``models``: what the target and the draft say
+        of themselves when they can (a transformers target's shape, a published head's format
+        and the target layers it reads)."""
+        out = self.report.stats()
+        models = {}
+        for name, model in (("target", self.target), ("draft", getattr(self.drafter, "head", None))):
+            describe = getattr(model, "describe", None)
+            if describe is not None:
+                models[name] = describe()
+        if models:
+            out["models"] = models
+        return out
 
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it (`EngineReport.startup`)."""

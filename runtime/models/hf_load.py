@@ -106,10 +106,11 @@ def load_config(source: str | Path) -> Any:
         raise ValueError(f"{where}: not a loadable transformers config ({exc})") from exc
 
 
-def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_len: int = DEFAULT_MAX_LEN,
+def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_len: int | None = None,
                 feature_layers: Sequence[int] | None = None, device: str | torch.device = "cpu") -> HFTarget:
     """An `HFTarget` from a checkpoint folder (or a hub id) in ``dtype`` with a cache of
-    ``max_len`` positions per request; ``feature_layers`` as `HFTarget`'s."""
+    ``max_len`` positions per request (None: `DEFAULT_MAX_LEN` or the model's
+    max_position_embeddings when smaller); ``feature_layers`` as `HFTarget`'s."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = parse_dtype(dtype)
@@ -129,5 +130,8 @@ def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_le
             raise ValueError(f"{folder if local else source} ({files}): {kind.replace('_', ' ')}: {keys[0]!r}"
                              f"{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}")
     model = model.to(device)
+    if max_len is None:
+        limit = getattr(config, "max_position_embeddings", None)
+        max_len = min(DEFAULT_MAX_LEN, limit) if isinstance(limit, int) and limit > 1 else DEFAULT_MAX_LEN
     logger.info("loaded target %s from %s (%s)", type(model).__name__, source, torch_dtype)
     return HFTarget(model, max_len, feature_layers)
