@@ -205,3 +205,28 @@ def test_eagle3_head_that_does_not_fit_is_refused(folders, tmp_path):
     far = save_head(tmp_path / "b", "eagle3", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 9]})
     with pytest.raises(ValueError, match=r"config\.json: EAGLE-3 layers \[2, 3, 10\].*4 layers"):
         load_models(folders["llama4"], far, "float64", max_len=MAX_LEN)
+
+
+def test_refit_reload_and_adaptive_switches_stay_generate(folders, expected):
+    """Mid-run on the trace backend: adaptive S switches, an in-place refit of the EAGLE-3 head's
+    weights (d2t included in its state dict) and a reload to a static tree; still generate's tokens."""
+    target, head = load_models(folders["llama4"], folders["eagle3"], "float64", max_len=MAX_LEN)
+    graphs = CudaGraphConfig(PhaseGraphConfig(bs=(4,)))
+    engine = SpecDecodeEngine(RuntimeArgs(CHAIN, graphs, max_running_requests=4), target, head, backend="trace",
+                              capture="blocking", adaptive_steps=(1, 3))
+    try:
+        ids = [engine.add_request(list(p), MAX_NEW) for p in PROMPTS]
+        refit = {k: v * 1.5 if v.is_floating_point() else v for k, v in head.state_dict().items()}
+        steps = 0
+        while engine.has_work():
+            engine.step()
+            steps += 1
+            if steps == 2:
+                engine.update_draft_weights(refit)
+            if steps == 4:
+                engine.request_reload(RuntimeArgs(TREE, graphs, max_running_requests=4))
+        assert [engine.pop_result(i) for i in ids] == expected["llama4"]
+        stats = engine.stats()
+        assert stats["draft_weights"]["version"] == 1 and stats["reloads"]["applied"] == 1
+    finally:
+        engine.close()
