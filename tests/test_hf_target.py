@@ -230,3 +230,24 @@ def test_refit_reload_and_adaptive_switches_stay_generate(folders, expected):
         assert stats["draft_weights"]["version"] == 1 and stats["reloads"]["applied"] == 1
     finally:
         engine.close()
+
+
+def test_attention_refuses_what_it_does_not_implement(folders):
+    """The registered function never ignores an attention keyword, and never runs without the
+    engine's context (a model set to it is not usable by transformers' own generate)."""
+    from draftgraph.runtime.models.hf_attention import CONTEXT_KEY, AttentionContext, draftgraph_attention
+
+    target = load_target(folders["llama"], "float64", max_len=MAX_LEN)
+    with pytest.raises(ValueError, match="called without draftgraph_context"):
+        target.model(torch.tensor([[1, 2]]), use_cache=False)
+    layer = target.model.base_model.layers[0].self_attn
+    cache = target.new_cache(2)
+    q, kv = torch.zeros(1, 4, 1, 16, dtype=torch.float64), torch.zeros(1, 2, 1, 16, dtype=torch.float64)
+    zero = torch.zeros(1, 1, dtype=torch.long)
+    ctx = AttentionContext(cache.k, cache.v, zero[0], zero, zero, torch.ones(1, 1, 1, dtype=torch.bool))
+    out, _ = draftgraph_attention(layer, q, kv, kv, None, **{CONTEXT_KEY: ctx})
+    assert out.shape == (1, 1, 4, 16)
+    with pytest.raises(ValueError, match="attention keyword 's_aux' is not implemented"):
+        draftgraph_attention(layer, q, kv, kv, None, s_aux=torch.zeros(4), **{CONTEXT_KEY: ctx})
+    with pytest.raises(ValueError, match="attention keyword 'softcap' is not implemented"):
+        draftgraph_attention(layer, q, kv, kv, None, softcap=30.0, **{CONTEXT_KEY: ctx})
