@@ -11,8 +11,10 @@ One process; every system runs once per round, rounds alternate the order (A B C
 reversed); medians over rounds. At 4 requests ``generate`` runs the 4 prompts as one left-padded
 batch; assisted generation and prompt lookup only take one sequence at a time in transformers, so
 they run the 4 prompts one after another. Every output is compared to the embedded target's
-greedy tokens (`greedy_generate`). ``tokens/fwd``: new tokens per target forward (1 for plain
-decoding; the acceptance length for the speculative systems).
+greedy tokens (`greedy_generate`). Ratios (``vs_generate``, the targets) are the median over
+rounds of each round's ratio, so the load's drift between rounds cancels. ``tokens/fwd``: new
+tokens per target forward (1 for plain decoding; the acceptance length for the speculative
+systems).
 
 ``--threads`` (default 1): torch's intra-op threads for every system alike. On this shared
 2-core VM two threads spin against the other jobs' load: a target forward took ~100 ms with 2
@@ -179,6 +181,12 @@ def _engines(folder: Path, head: Any, max_len: int, phases: bool, graph_backend:
     return out
 
 
+def _round_ratio(base: list[float], other: list[float]) -> float:
+    """Speed of ``other`` over ``base``: the median over rounds of each round's ratio of times
+    (both ran in that round, so the load's drift between rounds cancels)."""
+    return statistics.median(b / o for b, o in zip(base, other, strict=True))
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
@@ -198,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     folder = save_llama(target, Path(tmp.name) / "target")
     assistant = assistant_folder(target, a.quick)
     rows, records, engines = [], [], {}
+    per_round: dict[int, dict[str, list[float]]] = {}
     try:
         # "auto" compiles each capture size (seconds warm, up to a minute cold under load);
         # --quick (a smoke test) records with trace instead, as bench_engine does
@@ -229,31 +238,30 @@ def main(argv: list[str] | None = None) -> dict:
                                  else conc * n / max(1, (counter.calls - before)) if name.startswith(
                                      ("assisted", "prompt")) else 1.0)
             tokens = conc * n
-            gen = statistics.median(times["generate"])
+            per_round[conc] = times
             for name, ts in times.items():
-                t = statistics.median(ts)
+                t, vs = statistics.median(ts), _round_ratio(times["generate"], ts)
                 backend = "-"
                 if name in engines:
                     graphs = engines[name].worker.state.graphs
                     backend = graphs.backend_name if graphs is not None else "eager"
                 rows.append({"requests": conc, "system": name, "backend": backend, "tokens_per_s": tokens / t,
-                             "vs_generate": gen / t, "tokens_per_fwd": fwd[name], "identical_to_greedy": same[name]})
+                             "vs_generate": vs, "tokens_per_fwd": fwd[name], "identical_to_greedy": same[name]})
                 records.append(record("hf", f"{name} requests={conc}",
                                       {"system": name, "requests": conc, "max_new": n, "threads": a.threads},
                                       "tokens_per_s", [tokens / x for x in ts], backend=backend,
-                                      ratios={"vs_generate": gen / t, "tokens_per_fwd": fwd[name]}))
+                                      ratios={"vs_generate": vs, "tokens_per_fwd": fwd[name]}))
     finally:
         for eng in engines.values():
             eng.close()
         tmp.cleanup()
     verdicts = {}
-    at = {(r["system"], r["requests"]): r["tokens_per_s"] for r in rows}
     for graphs, conc, base, limit in TARGETS:
         name = f"draftgraph {graphs}"
-        if (name, conc) not in at:
+        if name not in per_round[conc]:
             continue
         label = f"{name}, {conc} request{'s' if conc > 1 else ''}: >= {limit:g}x {base}"
-        ratio = at[(name, conc)] / at[(base, conc)]
+        ratio = _round_ratio(per_round[conc][base], per_round[conc][name])
         verdicts[label] = {"ratio": ratio, "met": ratio >= limit}
         for rec in records:
             if rec["case"] == f"{name} requests={conc}":
