@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,7 +102,12 @@ def assistant_folder(target: TargetModel, quick: bool) -> Path:
     folder = model_cache_dir() / f"bench_hf-assistant-{_digest(target)}-{steps}"
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
-        save_llama(train_assistant(target, steps, plan), folder)
+        tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+        save_llama(train_assistant(target, steps, plan), tmp)
+        try:  # whole or not at all: another process may have finished first
+            os.replace(tmp, folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
         print(f"trained the assistant ({steps} steps) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return folder
 

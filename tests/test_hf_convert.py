@@ -126,3 +126,14 @@ def test_engine_serves_the_folder_with_the_embedded_head(converted, prompts, hf_
         assert engine.stats()["accept_length_mean"] > 1.5  # the trained head still drafts well
     finally:
         engine.close()
+
+
+def test_load_embedded_refuses_a_head_of_another_shape(converted, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder, _, head = converted
+    other = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, max_position_embeddings=256)
+    LlamaForCausalLM(other).save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="hidden 64, vocabulary 300; the head was trained for hidden 192"):
+        load_embedded(tmp_path / "other", head)

@@ -137,6 +137,9 @@ def load_embedded(folder: str | Path, head: EagleDraftHead, dtype: str | torch.d
     from .hf_load import load_target
 
     target = load_target(folder, dtype=dtype, max_len=max_len, device=device)
+    if (target.cfg.dim, target.vocab_size) != (head.cfg.dim, head.vocab_size):
+        raise ValueError(f"{folder}: hidden {target.cfg.dim}, vocabulary {target.vocab_size}; the head was trained "
+                         f"for hidden {head.cfg.dim}, vocabulary {head.vocab_size}")
     base = target.model.base_model
     shim = SimpleNamespace(embed=base.embed_tokens, norm=SimpleNamespace(weight=base.norm.weight,
                                                                           eps=base.norm.variance_epsilon),
