@@ -4,7 +4,6 @@ embedded target's greedy tokens, the targets stated, in well under a minute."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +19,8 @@ SYSTEMS = {"generate", "generate static", "generate f32", "assisted", "prompt lo
 
 def test_quick_bench_hf(tmp_path: Path) -> None:
     out = tmp_path / "bench_hf.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "scripts.bench_hf", "--quick", "--json", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     rows = doc["rows"]
