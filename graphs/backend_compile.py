@@ -44,8 +44,8 @@ from torch import Tensor, fx
 
 from .aten_reductions import REWRITE_TAG, keep_aten_reductions, register_inductor_lowerings
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
+from .cancel import CaptureCancelled, cancel_requested
 from .compile_symbolic import compile_symbolic, isolated_world, record_symbolic, symbolic_default, worlds_differ
-from .cancel import CaptureCancelled
 from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
 from .errors import GraphCaptureError
@@ -851,6 +851,8 @@ def _paired_seconds(a: Callable[[], Any], b: Callable[[], Any], rounds: int = 9)
     ta: list[float] = []
     tb: list[float] = []
     for i in range(rounds):
+        if cancel_requested():  # the process is exiting: no verdict, and no more rounds
+            raise CaptureCancelled("speed check cancelled")
         for fn, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
             start = time.perf_counter()
             fn()
