@@ -130,7 +130,7 @@ class SpecDecodeEngine:
         device = self.cache.k[0].device
         self.capture_choice: CaptureChoice = choose_capture(
             capture, "eager" if backend == "eager" else resolve_backend(backend, device=device))
-        self.capture = capture = self.capture_choice.mode if backend != "eager" else capture
+        self.capture = capture = self.capture_choice.mode  # "none" on the eager backend
         background = capture in ("background", "fill") and backend != "eager"
         if capture == "fill":  # nothing is served meanwhile: a compile process per core
             self.worker.set_compile_processes(self.capture_choice.compile_processes)
