@@ -313,7 +313,9 @@ class SpecDecodeEngine:
         if s:
             accepted = sum(acc.lengths) - len(reqs)
             if self.acceptance is not None:
-                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version)
+                first = sum(length >= 2 for length in acc.lengths)  # the first drafted token accepted
+                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version,
+                                        (first, len(reqs)))
             if not isinstance(policy, FixedPolicy):
                 with counts.timed("adapt"):
                     policy.observe(accepted / len(reqs))
