@@ -127,6 +127,8 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _info(ns: argparse.Namespace) -> int:
+    from .capture_choice import choose_capture
+
     args = build_args(ns)
     out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
@@ -136,6 +138,9 @@ def _info(ns: argparse.Namespace) -> int:
            "chain_capacity": chain_capacity(args),
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
+           "capture_choice": choose_capture(ns.capture,
+                                            ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)
+                                            ).as_dict(),
            "inductor_cache_dir": str(inductor_cache_dir())}
     if out["backend"] != "eager":
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
@@ -158,7 +163,10 @@ def _generate(ns: argparse.Namespace) -> int:
     tok = default_tokenizer()
     target, draft = default_models(seed=ns.seed, draft=ns.draft)
     ids = tok.encode(ns.text)
-    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture)
+    from .simulate import wait_with_progress
+
+    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
+                              progress=wait_with_progress)
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens)[0]
     spec_s = time.perf_counter() - start

@@ -120,7 +120,11 @@ def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
         from tqdm import tqdm
     except ImportError:  # tqdm is a dependency; stay usable without it
         tqdm = None
-    bar = tqdm(total=total, initial=done, desc="draftgraph graphs", unit="unit", file=sys.stderr,
+    eta = (engine.startup().get("graphs_eta") or {}).get("seconds")
+    desc = "draftgraph graphs (before serving, once)" if engine.capture == "fill" else "draftgraph graphs"
+    if eta:
+        desc += f" ~{eta:.0f} s"
+    bar = tqdm(total=total, initial=done, desc=desc, unit="unit", file=sys.stderr,
                dynamic_ncols=True) if tqdm is not None else None
     try:
         while not engine.worker.wait_graphs(poll_s):
