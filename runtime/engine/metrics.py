@@ -5,8 +5,8 @@ Read at scrape time from the engine's `EngineStats` (no per-step cost); the name
 are its totals for its life (`SpecDecodeEngine.reset_stats` restarts ``stats()`` only), read in
 one snapshot per scrape; the worker's never go down either. `serve_metrics` serves them on
 127.0.0.1 by default (the CLI's ``--metrics-port`` / ``--metrics-host``) from a bounded server
-(`metrics_server.MetricsServer`: idle connections cost no thread and are closed after a timeout;
-a few handler threads at most).
+(`metrics_server.MetricsServer`: requests are read without a thread per connection, each within
+one deadline; a few handler threads at most, 503 at once when they are busy).
 """
 
 from __future__ import annotations
