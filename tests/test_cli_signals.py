@@ -47,6 +47,11 @@ DRIVER = textwrap.dedent("""
             if len(calls) == 6:
                 raise KeyboardInterrupt
         wrap(SpecDecodeEngine, "step", ctrl_c)
+    elif moment == "exit":       # while the interpreter tears down, after its own signal handling ended
+        class Late:
+            def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGHUP):
+                kill(pid, sig)
+        late = Late()
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -91,6 +96,14 @@ def test_sighup_after_the_loop_is_logged_not_fatal(tmp_path):
     assert "SIGHUP after the serving loop ended: ignored" in p.stderr
     r = json.loads(p.stdout)
     assert r["reloads"]["requested"] == 0 and r["lossless"] is True
+
+
+def test_sighup_while_the_process_exits_is_not_fatal(tmp_path):
+    """Issue 40: Python gives SIGHUP its default action back while it finalizes; a SIGHUP then
+    ended the process (exit -1 after a whole run)."""
+    p = _run("exit", *SIM, "--reload-config", _reload_file(tmp_path))
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert json.loads(p.stdout)["lossless"] is True
 
 
 def test_sighup_while_generate_loads_is_not_fatal():
