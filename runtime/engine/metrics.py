@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from ..metrics import MetricsHandle, Samples, read_coordinator, read_worker, register_source
 from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
-__all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback"]
+__all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback", "metrics_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def metrics_url(host: str, port: int) -> str:
+    """``http://HOST:PORT/metrics``, an IPv6 address in brackets (``::`` -> ``http://[::]:PORT``)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
 def start_metrics_server(port: int, registry: CollectorRegistry, host: str = "127.0.0.1",
                          timeout_s: float = CONNECTION_TIMEOUT_S, max_threads: int = MAX_HANDLER_THREADS
                          ) -> MetricsServer:
@@ -117,7 +124,7 @@ def start_metrics_server(port: int, registry: CollectorRegistry, host: str = "12
     if not is_loopback(host):
         logger.warning("metrics served on %s, not loopback: anyone who can reach port %d can read them "
                        "(no authentication)", host, server.server_port)
-    logger.info("metrics at http://%s:%d/metrics", host, server.server_port)
+    logger.info("metrics at %s", metrics_url(host, server.server_port))
     return server.start()
 
 
