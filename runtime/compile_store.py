@@ -3,22 +3,24 @@
 One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compiled_entry`),
 in a private folder (`private_dir`: created 0700, refused unless a real directory owned by this
 user and not writable by group or others), by default ``$DRAFTGRAPH_CACHE/compiled`` (else
-``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its payload,
-checked at every load. Loaded code runs in this process, so an entry is refused, named in a
-warning and removed (its graph is then recorded and compiled again) when it is not a regular
-file (a symlink, a FIFO), is owned by another user or writable by group or others, or its
-digest or format does not match. Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file
-(``.<key prefix>.tmp<pid>.<random>``) renamed into place; one left by a writer that died mid-put
-(its pid gone, or older than an hour) is removed when a store opens and at each eviction
-(``temp_removed``), and every temporary file counts under the cap. The store is bounded: after
-each write, the least recently used entries (by modification time, refreshed at each load) are
-removed until the total is under the cap (``DRAFTGRAPH_COMPILED_MAX_MB``, default 512: a finite
-number of MiB in (0, 2**30], else a ValueError naming the variable; an entry larger than the
-cap is not stored, said once per store in a warning). One entry of its own holds the seconds the
-latest units took, those that ran a compile and those that only recorded and checked against
-a compile their state already had (`CompileStore.unit_seconds`: a cold start's estimate). An
-unwritable folder falls back to a per-user temporary folder with one warning, as the model
-cache does; ``DRAFTGRAPH_COMPILED_DIR`` names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
+``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its key and its
+payload, checked at every load (an entry renamed to another key fails it). Loaded code runs in
+this process, so an entry is refused, named in a warning and removed (its graph is then recorded
+and compiled again) when it is not a regular file (a symlink, a FIFO), is owned by another user
+or writable by group or others, or its digest or format does not match.
+
+Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file (``.<key prefix>.tmp<pid>.<rnd>``)
+renamed into place; one left by a writer that died mid-put (its pid gone, or an hour old) is
+removed when a store opens and at each eviction (``temp_removed``), and every temporary file
+counts under the cap. The store is bounded: after each write, the least recently used entries
+(by modification time, refreshed at each load) are removed until the total is under the cap
+(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512: a finite number of MiB in (0, 2**30], else a
+ValueError naming the variable; an entry larger than the cap is not stored, said once per store
+in a warning). One entry of its own holds the seconds the latest units took, those that ran a
+compile and those that only recorded and checked against a compile their state already had
+(`CompileStore.unit_seconds`: a cold start's estimate). An unwritable folder falls back to a
+per-user temporary folder with one warning, as the model cache does; ``DRAFTGRAPH_COMPILED_DIR``
+names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 512 << 20
 MAX_CAP_MB = 1 << 30  # DRAFTGRAPH_COMPILED_MAX_MB's largest value (1 PiB): past it, a typo
-_MAGIC = b"DGCS1 "
-_HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest, newline
+_MAGIC = b"DGCS2 "  # v2: the digest covers the key (v1 entries, bound to no key, are refused)
+_HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest of key and payload, newline
 _KEY = re.compile(r"[0-9a-f]{64}")
 _SUFFIX = ".dgc"
 _TEMP = re.compile(r"\.[0-9a-f]{16}\.tmp(\d+)\.[0-9a-f]+")  # what `put` writes before its rename
@@ -137,8 +139,8 @@ class CompileStore:
         if len(head) != _HEADER or not head.startswith(_MAGIC) or head[-1:] != b"\n":
             self.refuse(key, "not a compiled entry of this format (header)")
             return None
-        if hashlib.sha256(payload).hexdigest().encode() != head[len(_MAGIC):-1]:
-            self.refuse(key, "digest mismatch (damaged or changed)")
+        if _digest(key, payload).encode() != head[len(_MAGIC):-1]:
+            self.refuse(key, "digest mismatch (damaged, changed, or written under another key)")
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: the last to be evicted
@@ -157,7 +159,7 @@ class CompileStore:
                        "(DRAFTGRAPH_COMPILED_MAX_MB)%s", path.name, len(payload) + _HEADER, self.max_bytes,
                        "; no entry this large is kept (said once)" if first else "")
             return
-        data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        data = _MAGIC + _digest(key, payload).encode() + b"\n" + payload
         fd, tmp = create_exclusive(self.folder, f".{key[:16]}.tmp", 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -240,6 +242,16 @@ class CompileStore:
         return {"folder": str(self.folder), "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
                 "refused": self.refused, "written": self.written, "evicted": self.evicted,
                 "temp_removed": self.temp_removed}
+
+
+def _digest(key: str, payload: bytes) -> str:
+    """SHA-256 hex over the entry's key and its payload: an entry moved to another key's name
+    no longer matches (its code was made for the structure of its own key)."""
+    h = hashlib.sha256(b"draftgraph compiled entry\0")
+    h.update(key.encode())
+    h.update(b"\0")
+    h.update(payload)
+    return h.hexdigest()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -180,6 +180,49 @@ def test_a_cap_too_small_for_any_entry_says_so_once(tmp_path, monkeypatch, caplo
     assert len(warned) == 1 and "DRAFTGRAPH_COMPILED_MAX_MB" in warned[0].getMessage()
 
 
+def test_entries_renamed_among_their_keys_are_refused_and_removed(tmp_path, caplog):
+    """Issue 40: the digest covered the payload only, so a valid entry renamed to another key
+    loaded there. The digest now covers the key too."""
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"code of a")
+    store.put(KEY_B, b"code of b")
+    a, b = store.path(KEY_A), store.path(KEY_B)
+    tmp = a.with_name("swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None and store.get(KEY_B) is None
+    assert store.refused == 2 and not a.exists() and not b.exists()
+    assert "another key" in caplog.text
+
+
+def test_entry_manifests_bind_their_key_and_structure():
+    from draftgraph.graphs.compiled_entry import check_request, check_tensors, describe_request, describe_tensors
+
+    x, y = torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.int64)
+    request = describe_request("step S=3", 2, (x, y))
+    manifest = {"key": KEY_A, "request": request}
+    check_request(manifest, KEY_A, request)
+    with pytest.raises(EntryError, match="made under key aaaa.*found under bbbb"):
+        check_request(manifest, KEY_B, request)
+    with pytest.raises(EntryError, match="structure"):
+        check_request(manifest, KEY_A, describe_request("step S=2", 2, (x, y)))
+    with pytest.raises(EntryError, match="inputs"):
+        check_request(manifest, KEY_A, describe_request("step S=3", 2, (x, y.float())))
+    with pytest.raises(EntryError, match="no description"):
+        check_request({"key": KEY_A}, KEY_A, request)
+    symbolic = describe_request("step S=3", None, (x, y))
+    assert symbolic["size"] == "symbolic" and symbolic["inputs"][0]["shape"] == [3]
+    described = describe_tensors((x, y), ["fresh", "input"])
+    assert described[1] == {"role": "input", "shape": [2, 4], "dtype": "int64"}
+    check_tensors(described, (x, y), "output")
+    with pytest.raises(EntryError, match=r"output 1: the entry describes .*bound \[2, 3\]"):
+        check_tensors(described, (x, x), "output")
+    with pytest.raises(EntryError, match="describes 2, 1 bound"):
+        check_tensors(described, (x,), "output")
+
+
 def test_an_unusable_folder_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
