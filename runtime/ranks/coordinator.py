@@ -436,6 +436,7 @@ class RankCoordinator:
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
         seconds = time.perf_counter() - start
         self.stats.reload_s += seconds
+        self.stats.forged = self._proto.forged
         self.history.append({"event": "reload", "reload": n, "proposer": proposer, "spec": str(spec),
                              "policy": policy, "ok": reason is None, "error": reason,
                              "step": self.stats.steps - 1, "prepare_s": prepare_s, "seconds": seconds,
