@@ -47,7 +47,19 @@ from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sou
 from .cancel import CaptureCancelled, cancel_requested
 from .compile_symbolic import compile_symbolic, isolated_world, record_symbolic, symbolic_default, worlds_differ
 from .compile_worker import CompileWorker, CompileWorkerDied
-from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
+from .compiled_entry import (
+    CompiledStore,
+    ConstantTable,
+    EntryError,
+    StoredGraph,
+    check_request,
+    check_tensors,
+    describe_request,
+    describe_tensors,
+    entry_key,
+    pack_entry,
+    unpack_entry,
+)
 from .errors import GraphCaptureError
 from .protocol import FlatStep
 
@@ -289,7 +301,7 @@ class CompileBackend(TraceBackend):
             return None
         start = time.perf_counter()
         try:
-            graph = self._rebuild(size, payload, args, table)
+            graph = self._rebuild(key, size, payload, args, table)
         except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: rebuild it
             store.refuse(key, f"{type(exc).__name__}: {exc}")
             return None
@@ -323,10 +335,12 @@ class CompileBackend(TraceBackend):
         modules: list[Any] = []
         try:
             manifest, artifact = unpack_entry(payload)
+            check_request(manifest, key, describe_request(self._structure, None, args))
             if manifest.get("symbolic") is not True or manifest.get("inputs") != len(args) \
                     or not isinstance(manifest.get("sizes"), dict):
                 raise EntryError(f"not a symbolic entry over {len(args)} inputs")
             constants = tuple(table.view(w) for w in manifest["constants"])
+            check_tensors(manifest.get("constants_described"), constants, "constant")
             _use_cache_dir()
             with _fx_work(lock=False):
                 with _new_modules(modules):
@@ -369,6 +383,7 @@ class CompileBackend(TraceBackend):
             return None
         try:
             outputs, fresh, nbytes = self._bind_outputs(size, described["outputs"], args, table)
+            check_tensors(described.get("outputs_described"), outputs, "output")
         except (EntryError, KeyError, TypeError, ValueError) as exc:
             logger.warning("compile backend: size %d does not fit the stored symbolic code (%s); recording it",
                            size, exc)
@@ -401,23 +416,33 @@ class CompileBackend(TraceBackend):
             logger.debug("compile backend: size %d not in the symbolic entry: a tensor is not in the constant table",
                          graph.size)
             return
-        manifest = self._symbolic_manifest or {"symbolic": True, "code": "inductor", "inputs": len(graph.inputs),
-                                               "constants": where, "torch": torch.__version__, "sizes": {}}
+        key = self._symbolic_key(graph.inputs)
+        manifest = self._symbolic_manifest or {
+            "symbolic": True, "code": "inductor", "inputs": len(graph.inputs), "constants": where,
+            "torch": torch.__version__, "sizes": {}, "key": key,
+            "request": describe_request(self._structure, None, graph.inputs),
+            "constants_described": describe_tensors(constants, "constant")}
         manifest["sizes"][str(graph.size)] = {
             "outputs": outputs, "nodes": graph.nodes, "replay_s": graph.replay_s, "eager_s": graph.eager_s,
-            "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None}
-        store.put(self._symbolic_key(graph.inputs), pack_entry(manifest, self._symbolic_raw))
+            "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None,
+            "outputs_described": describe_tensors(graph.outputs, [o["kind"] for o in outputs])}
+        store.put(key, pack_entry(manifest, self._symbolic_raw))
         self._symbolic_manifest = manifest
         self.stored += 1
 
-    def _rebuild(self, size: int, payload: bytes, args: tuple[Tensor, ...], table: ConstantTable) -> StoredGraph:
-        """A `StoredGraph` over the live ``args`` and named constants (EntryError when it does not fit)."""
+    def _rebuild(self, key: str, size: int, payload: bytes, args: tuple[Tensor, ...], table: ConstantTable
+                 ) -> StoredGraph:
+        """A `StoredGraph` over the live ``args`` and named constants; EntryError when the entry was
+        made for another key or structure (checked before its code is loaded) or does not fit."""
         manifest, artifact = unpack_entry(payload)
+        check_request(manifest, key, describe_request(self._structure, size, args))
         if manifest.get("size") != size or len(manifest.get("inputs", ())) != len(args):
             raise EntryError(f"entry for size {manifest.get('size')!r} with {len(manifest.get('inputs', ()))} "
                              f"inputs; wanted size {size} with {len(args)}")
         constants = tuple(table.view(w) for w in manifest["constants"])
+        check_tensors(manifest.get("constants_described"), constants, "constant")
         outputs, fresh, nbytes = self._bind_outputs(size, manifest["outputs"], args, table)
+        check_tensors(manifest.get("outputs_described"), outputs, "output")
         _use_cache_dir()
         engine = manifest.get("code", "inductor")
         with _fx_work(lock=False):
@@ -509,11 +534,15 @@ class CompileBackend(TraceBackend):
         except Exception as exc:  # inductor saved nothing (a step with nothing to compile): store the graph
             logger.debug("compile backend: size %d stores its recorded graph (%s)", graph.size, exc)
             raw, code = pickle.dumps(_lift_constants(graph.module)[0]), "fx"
+        key = self._key(graph.size, inputs)
         manifest = {"size": graph.size, "code": code, "inputs": [list(a.shape) for a in inputs], "constants": where,
                     "outputs": outputs, "nodes": graph.nodes, "torch": torch.__version__,
                     "prefer_eager": graph.prefer_eager if graph.replay_s is not None and code == "inductor" else None,
-                    "replay_s": graph.replay_s, "eager_s": graph.eager_s}
-        store.put(self._key(graph.size, inputs), pack_entry(manifest, raw))
+                    "replay_s": graph.replay_s, "eager_s": graph.eager_s, "key": key,
+                    "request": describe_request(self._structure, graph.size, inputs),
+                    "constants_described": describe_tensors(constants, "constant"),
+                    "outputs_described": describe_tensors(graph.outputs, [o["kind"] for o in outputs])}
+        store.put(key, pack_entry(manifest, raw))
         self.stored += 1
 
     # ---- recording and compiling -------------------------------------------------------------

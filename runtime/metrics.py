@@ -100,6 +100,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_coordinator_poll_seconds": ("counter", "Wall seconds this rank spent polling."),
     "draftgraph_coordinator_reload_votes": ("counter", "Reloads this rank voted on (committed or aborted)."),
     "draftgraph_coordinator_reloads": ("counter", "Decided reloads by result (committed, aborted, rejected)."),
+    "draftgraph_coordinator_forged_values": (
+        "counter", "Store values this rank refused for a MAC that does not check (written by no rank of the run)."),
 }
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -323,6 +325,7 @@ def read_coordinator(coordinator: Any, out: Samples, labels: dict[str, str]) -> 
     out.add("draftgraph_coordinator_reload_votes", rl, st.reloads + st.aborted)
     for result, n in (("committed", st.reloads), ("aborted", st.aborted), ("rejected", st.rejected)):
         out.add("draftgraph_coordinator_reloads", {**rl, "result": result}, n)
+    out.add("draftgraph_coordinator_forged_values", rl, st.forged)
 
 
 # ---- registration ---------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 
+DEFAULT_ADAPTIVE = "1,2,3,4,5"  # simulate's --adaptive when neither it nor --schedule is given
+
 __all__ = ["main", "build_args"]
 
 
@@ -74,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--requests", type=int, default=24)
     sim.add_argument("--max-loop-steps", type=int, default=2000)
     sim.add_argument("--arrival", type=float, default=0.5, help="requests arriving per step")
-    sim.add_argument("--adaptive", default="1,2,3,4,5", help="candidate S values ('' = off)")
+    sim.add_argument("--adaptive", default=None,
+                     help=f"candidate S values (default {DEFAULT_ADAPTIVE}; '' = off; not with --schedule)")
     sim.add_argument("--reload-at", type=int, default=None)
     sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
     sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
@@ -192,9 +195,11 @@ def _bench() -> int:
 
 def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     args = build_args(ns)
-    adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
-    if args.schedule is not None:
-        adaptive = ()  # a schedule's bands carry their own candidates
+    if args.schedule is not None and ns.adaptive:
+        raise ValueError(f"--adaptive={ns.adaptive!r} with --schedule={ns.schedule!r}: a schedule's bands carry "
+                         f"their own S candidates (e.g. \"1:3|4|5\"); give one of the two")
+    text = (DEFAULT_ADAPTIVE if args.schedule is None else "") if ns.adaptive is None else ns.adaptive
+    adaptive = tuple(int(x) for x in text.split(",") if x.strip())
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
     cfg = SimulationConfig(args=args, draft=ns.draft, backend=ns.backend, seed=ns.seed,
@@ -270,13 +275,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
 
     registry = CollectorRegistry()
     if ns.metrics_port is not None:
-        from .metrics import is_loopback
+        from .metrics import is_loopback, metrics_url
 
         port = serve_metrics(ns.metrics_port, registry, host=ns.metrics_host)
         if not is_loopback(ns.metrics_host):
             print(f"draftgraph: warning: --metrics-host={ns.metrics_host} is not loopback: anyone who can "
                   f"reach it can read the metrics (no authentication)", file=sys.stderr, flush=True)
-        print(f"draftgraph: metrics at http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
+        print(f"draftgraph: metrics at {metrics_url(ns.metrics_host, port)}", file=sys.stderr, flush=True)
     return registry
 
 

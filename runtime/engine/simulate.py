@@ -11,6 +11,7 @@ import random
 import signal as _signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from .profiling import profile_steps
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
 
-__all__ = ["SimulationConfig", "run_simulation", "wait_with_progress"]
+__all__ = ["SimulationConfig", "bar_safe_logging", "run_simulation", "wait_with_progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,26 @@ def _units(engine: SpecDecodeEngine) -> tuple[int, int]:
     return done, done + sum(len(s["sizes_pending"]) for s in states)
 
 
+@contextlib.contextmanager
+def bar_safe_logging() -> Iterator[None]:
+    """While a progress bar is on stderr, console log records go through ``tqdm.write`` (the bar
+    is cleared, the message printed on a line of its own, the bar drawn again below): a warning
+    from another thread (a rejected SIGHUP reload) never lands on the bar's line. The level of
+    Python's last-resort handler (WARNING) is kept when no console handler was configured."""
+    try:
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:  # tqdm is a dependency; stay usable without it
+        yield
+        return
+    configured = list(logging.root.handlers)
+    with logging_redirect_tqdm():
+        added = [h for h in logging.root.handlers if h not in configured]
+        if not any(isinstance(h, logging.StreamHandler) for h in configured):
+            for handler in added:
+                handler.setLevel(logging.lastResort.level if logging.lastResort else logging.WARNING)
+        yield
+
+
 def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
     """Wait until no capture unit is pending, with a progress bar on stderr (units done of all,
     time left) when tqdm is installed; without it, one log line per unit."""
@@ -126,6 +147,11 @@ def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
         desc += f" ~{eta:.0f} s"
     bar = tqdm(total=total, initial=done, desc=desc, unit="unit", file=sys.stderr,
                dynamic_ncols=True) if tqdm is not None else None
+    with bar_safe_logging() if bar is not None else contextlib.nullcontext():
+        _follow_units(engine, bar, done, poll_s)
+
+
+def _follow_units(engine: SpecDecodeEngine, bar: Any, done: int, poll_s: float) -> None:
     try:
         while not engine.worker.wait_graphs(poll_s):
             now, total = _units(engine)
@@ -197,9 +223,11 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     if reload_signal is not None:
         reload_signal.attach(engine)  # one that came while loading is requested now
     bar = None
+    quiet_bar = contextlib.ExitStack()  # log records above the bar while it is shown
     if cfg.progress:
         from tqdm import tqdm
         bar = tqdm(total=sum(max_new), desc="draftgraph simulate", unit="tok", file=sys.stderr)
+        quiet_bar.enter_context(bar_safe_logging())
     ids: list[int] = []
     taken: dict[int, list[int]] = {}  # results taken as requests end: the engine keeps none
     nxt, step = 0, 0
@@ -235,6 +263,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         capture_stopped = engine.close(timeout_s=CLOSE_TIMEOUT_S)
         if bar is not None:
             bar.close()
+        quiet_bar.close()
         if reload_signal is not None:
             reload_signal.detach()  # later signals are logged and ignored
     rss_loop = _rss_mib() - rss1
