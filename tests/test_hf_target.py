@@ -251,3 +251,29 @@ def test_attention_refuses_what_it_does_not_implement(folders):
         draftgraph_attention(layer, q, kv, kv, None, s_aux=torch.zeros(4), **{CONTEXT_KEY: ctx})
     with pytest.raises(ValueError, match="attention keyword 'softcap' is not implemented"):
         draftgraph_attention(layer, q, kv, kv, None, softcap=30.0, **{CONTEXT_KEY: ctx})
+
+
+def test_a_random_head_is_flagged_as_not_fitting(folders, caplog):
+    """A head that accepts about nothing (random weights here; in the field a wrong format or
+    wrong EAGLE-3 layers) trips the first-token alarm, counted in stats and metrics."""
+    import logging
+
+    from draftgraph.runtime.engine import AcceptanceWatch
+    from draftgraph.runtime.engine.metrics import read_engine
+    from draftgraph.runtime.metrics import Samples
+
+    target, head = load_models(folders["llama4"], folders["eagle3"], "float64", max_len=MAX_LEN)
+    args = RuntimeArgs(CHAIN, CudaGraphConfig(PhaseGraphConfig(bs=(4,))), max_running_requests=4)
+    engine = SpecDecodeEngine(args, target, head, backend="eager", acceptance_watch=AcceptanceWatch(window_steps=4))
+    try:
+        with caplog.at_level(logging.WARNING, logger="draftgraph.runtime.engine.acceptance"):
+            engine.generate([list(p) for p in PROMPTS], MAX_NEW)
+        watch = engine.stats()["acceptance_watch"]
+        assert watch["misfit_warnings"] >= 1
+        assert any("does not fit its target" in r.getMessage() for r in caplog.records)
+        samples = Samples()
+        read_engine(engine, samples, {})
+        family = next(f for f in samples.families() if f.name == "draftgraph_draft_misfit_warnings")
+        assert family.type == "counter" and family.samples[0].value == watch["misfit_warnings"]
+    finally:
+        engine.close()

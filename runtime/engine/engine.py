@@ -291,7 +291,8 @@ class SpecDecodeEngine:
         if s:
             accepted = sum(acc.lengths) - len(reqs)
             if self.acceptance is not None:
-                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version)
+                first = sum(1 for n in acc.lengths if n >= 2) / len(reqs)  # first drafted token accepted
+                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version, first)
             if not isinstance(policy, FixedPolicy):
                 with counts.timed("adapt"):
                     policy.observe(accepted / len(reqs))
