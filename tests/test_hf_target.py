@@ -80,6 +80,21 @@ def test_eagle1_engine_is_generate_eager(folders, expected, family, shape):
     assert _serve(target, head, SPECS[shape], "eager") == expected[family]
 
 
+def test_eagle1_head_with_qkv_bias(folders, expected, tmp_path):
+    """A head for a Qwen2 target carries q/k/v biases (and a bias-free fc): the weights say so."""
+    sd = head_tensors("eagle1", layers=2)
+    del sd["fc.bias"]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        for i in range(2):
+            sd[f"layers.{i}.self_attn.{name}.bias"] = torch.full((sd[f"layers.{i}.self_attn.{name}.weight"].shape[0],),
+                                                                 0.05)
+    folder = save_head(tmp_path / "h", "eagle1", layers=2, tensors=sd, bias=False)
+    target, head = load_models(folders["qwen2"], folder, "float64", max_len=MAX_LEN)
+    attn = head.layers[1].self_attn
+    assert head.fc.bias is None and attn.q_proj.bias is not None and attn.o_proj.bias is None
+    assert _serve(target, head, TREE, "eager") == expected["qwen2"]
+
+
 @pytest.mark.parametrize("family, shape", [("llama", "chain"), ("qwen3", "tree")])
 def test_eagle1_engine_is_generate_trace(folders, expected, family, shape):
     """The trace backend: the draft step, the verify and the extend all replayed as graphs."""

@@ -165,7 +165,12 @@ def load_draft(draft: str | Path, target: HFTarget) -> HFEagleHead:
         if vd > target.vocab_size:
             raise ValueError(f"{path}: key 'lm_head.weight' has {vd} rows, above the target's vocabulary "
                              f"{target.vocab_size}")
-    head = HFEagleHead(fmt, config, target, draft_vocab_size=vd)
+    # the weights tell which linear layers carry a bias (an EAGLE-1/2 fc per its config's
+    # ``bias``, the q/k/v biases of heads for Qwen2 targets); a bias some layers have and others
+    # lack is refused as a missing key
+    biased = frozenset(name for name in ("fc", "q_proj", "k_proj", "v_proj", "o_proj")
+                       if any(k == f"{name}.bias" or k.endswith(f".{name}.bias") for k in tensors))
+    head = HFEagleHead(fmt, config, target, draft_vocab_size=vd, biased=biased)
     given = _check_tensors(path, head, tensors)
     head.load_state_dict({k: v.to(dtype=head.state_dict()[k].dtype) for k, v in given.items()}, strict=False)
     logger.info("draft head %s (%s) from %s: reads target features %s", fmt, path.name, folder, list(want))
