@@ -44,6 +44,7 @@ from torch import Tensor, fx
 
 from .aten_reductions import REWRITE_TAG, keep_aten_reductions, register_inductor_lowerings
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
+from .cancel import CaptureCancelled, cancel_requested
 from .compile_symbolic import compile_symbolic, isolated_world, record_symbolic, symbolic_default, worlds_differ
 from .compile_worker import CompileWorker, CompileWorkerDied
 from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
@@ -541,6 +542,9 @@ class CompileBackend(TraceBackend):
         except CompileWorkerDied as exc:  # not the graph's fault: this size serves eager, counted
             graph.release()
             raise GraphCaptureError(f"size {size}: {exc}", size=size) from exc
+        except CaptureCancelled:  # the capture thread was stopped (exit): no fallback, no warning
+            graph.release()
+            raise
         except Exception as exc:  # inductor raises many kinds; the FX replay stays correct
             runner, reason = None, f"compile failed: {type(exc).__name__}: {exc}"
         elapsed = time.perf_counter() - start
@@ -643,15 +647,21 @@ class CompileBackend(TraceBackend):
                         with _new_modules(self._unit_modules):
                             compiled = _load_artifact(raw)
                     except Exception as exc:  # noqa: BLE001  # the in-process compile decides
+                        self._if_closed_stop(exc)
                         logger.warning("compile process: the symbolic code does not load here (%s: %s); "
                                        "compiling it in this process", type(exc).__name__, exc)
                         raw = None
                 if compiled is None:
+                    self._if_closed_stop(None)
                     self.compiles += 1
                     with _new_modules(self._unit_modules):
                         compiled = compile_symbolic(exact, [*fakes, *constants])
                     with contextlib.suppress(Exception):  # nothing saveable: it is not stored
                         raw = _artifact_bytes(compiled) if self._store is not None else None
+        except CompileWorkerDied:  # closed while loading (`_if_closed_stop`): a cut-off, no failure
+            self._symbolic_cut_off = True
+            self._symbolic_failed = "the compile process was closed during the symbolic compile"
+            raise
         except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
             self._per_size_after("no symbolic compile", exc)
             return
@@ -666,8 +676,18 @@ class CompileBackend(TraceBackend):
         logger.info("compile backend: one symbolic compile in %.2f s%s", self.symbolic_compile_s,
                     " (compile process)" if self._compiler is not None and raw is not None else "")
 
+    def _if_closed_stop(self, exc: Exception | None) -> None:
+        """Raise `CompileWorkerDied` when the compile process was closed (the engine or the
+        process is ending: at exit, loading inductor's code fails with "can't register atexit
+        after shutdown"): no compile in this process then, and nothing to warn about."""
+        if self._compiler is not None and self._compiler.closed:
+            raise CompileWorkerDied("the compile process was closed: no compile in this process") from exc
+
     def _per_size_after(self, what: str, exc: Exception) -> None:
-        """The symbolic route failed (``what``, raising ``exc``): every size compiles on its own."""
+        """The symbolic route failed (``what``, raising ``exc``): every size compiles on its own
+        (a cancelled capture is no failure: it propagates)."""
+        if isinstance(exc, CaptureCancelled):
+            raise exc
         self._symbolic_failed = f"{what}: {type(exc).__name__}: {exc}"
         logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
 
@@ -731,10 +751,13 @@ class CompileBackend(TraceBackend):
                         compiled = _load_artifact(raw)
                     compiled(*_copies(inputs))  # a graph the pipe changed fails here: compile it here
                 except Exception as exc:  # noqa: BLE001  # any failure: the in-process compile decides
+                    self._if_closed_stop(exc)
                     logger.warning("compile process: size %d's code does not run here (%s: %s); "
                                    "compiling it in this process", size, type(exc).__name__, exc)
                     raw = None
         compile_fn = self._compile_fn or (_inductor_artifact if self._store is not None else _inductor_compile)
+        if raw is None:
+            self._if_closed_stop(None)
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
             if raw is None:
                 self.compiles += 1
@@ -828,6 +851,8 @@ def _paired_seconds(a: Callable[[], Any], b: Callable[[], Any], rounds: int = 9)
     ta: list[float] = []
     tb: list[float] = []
     for i in range(rounds):
+        if cancel_requested():  # the process is exiting: no verdict, and no more rounds
+            raise CaptureCancelled("speed check cancelled")
         for fn, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
             start = time.perf_counter()
             fn()

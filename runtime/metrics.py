@@ -82,9 +82,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_draft_weights_updated_timestamp_seconds": (
         "gauge", "Unix time of the last draft weights update (0 before any)."),
     "draftgraph_acceptance_low": ("gauge", "1 while the acceptance watch finds the drafter no longer helping."),
-    "draftgraph_draft_misfit_warnings": (
-        "counter", "Warnings that the first drafted token was accepted in under 5% of the verifies of the "
-        "acceptance window (a draft that does not fit its target)."),
+    "draftgraph_draft_misfit_warnings": ("counter", "Warnings that the draft head's first drafted token is "
+                                                    "accepted for under 5% of requests (a head that does not fit "
+                                                    "its target: format, layers, vocabulary)."),
     "draftgraph_graphs_ready_seconds": (
         "gauge", "Seconds from engine construction until no capture unit was pending (absent until then)."),
     "draftgraph_graph_units": (

@@ -47,8 +47,9 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bs", type=int, default=8, help="cuda_graph_config.decode.max_bs")
     p.add_argument("--max-running", type=int, default=8, help="max_running_requests (slots)")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "compile", "trace", "eager"])
-    p.add_argument("--capture", default="background", choices=["background", "blocking"],
-                   help="capture graphs off the serving path (default) or before serving")
+    p.add_argument("--capture", default="auto", choices=["auto", "background", "blocking"],
+                   help="capture graphs off the serving path (background) or before serving (blocking); "
+                        "auto (default): before serving on a CPU with fewer than 4 cores, else background")
     p.add_argument("--draft", default="eagle", metavar="eagle|multi_layer|DIR",
                    help="the embedded draft (eagle, multi_layer) or, with --target, a published EAGLE-1/2 "
                         "or EAGLE-3 head's folder")
@@ -135,6 +136,8 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _info(ns: argparse.Namespace) -> int:
+    from .capture_choice import choose_capture
+
     args = build_args(ns)
     out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
@@ -144,6 +147,9 @@ def _info(ns: argparse.Namespace) -> int:
            "chain_capacity": chain_capacity(args),
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
+           "capture_choice": choose_capture(ns.capture,
+                                            ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)
+                                            ).as_dict(),
            "inductor_cache_dir": str(inductor_cache_dir())}
     if out["backend"] != "eager":
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
@@ -178,7 +184,10 @@ def _generate(ns: argparse.Namespace) -> int:
         target, draft = load_models(ns.target, ns.draft, ns.dtype, max_len=ns.max_len)
         tok = load_tokenizer(ns.target, target.vocab_size)
     ids = tok.encode(ns.text)
-    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture)
+    from .simulate import wait_with_progress
+
+    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
+                              progress=wait_with_progress)
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens)[0]
     spec_s = time.perf_counter() - start
@@ -341,10 +350,10 @@ def _span_summary(spans: Any) -> dict[str, int]:
 def _ready_text(r: dict[str, Any]) -> str:
     """When every graph was ready, or what is still pending."""
     if r["graphs_ready_s"] is not None:
-        return f"{r['graphs_ready_s']:.2f} s after construction ({r['capture']})"
+        return f"{r['graphs_ready_s']:.2f} s after construction ({_capture_text(r)})"
     pending = sum(len(s["sizes_pending"]) for s in r["states"])
     total = pending + sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in r["states"])
-    text = f"not yet: {pending} of {total} capture units pending ({r['capture']}); "
+    text = f"not yet: {pending} of {total} capture units pending ({_capture_text(r)}); "
     eta = r.get("graphs_eta") or {}
     basis = eta.get("basis")
     if basis in ("measured", "earlier runs", "at least"):
@@ -359,6 +368,13 @@ def _ready_text(r: dict[str, Any]) -> str:
     if r.get("compiled_store") is not None and r.get("backend") == "compile":
         text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
     return text
+
+
+def _capture_text(r: dict[str, Any]) -> str:
+    """The capture mode served, and why when "auto" chose it."""
+    choice = r.get("capture_choice") or {}
+    reason = choice.get("reason")
+    return r["capture"] if not reason or reason.startswith("asked for") else f"{r['capture']}: {reason}"
 
 
 def _eta_parts(eta: dict[str, Any]) -> str:
@@ -405,6 +421,14 @@ def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
     return ("identical to greedy", r.get("lossless"))
 
 
+def _eager_text(r: dict[str, Any]) -> str:
+    """The eager baseline of the same run, and the loop against it."""
+    if r.get("eager_tokens_per_s") is None:
+        return "not measured" if r.get("backend") != "eager" else "this run"
+    return (f"{r['eager_tokens_per_s']:.1f} (the loop: {r['vs_eager']:.2f}x; outputs identical: "
+            f"{r['eager_identical']})")
+
+
 def _phases_text(phases: dict[str, Any]) -> str:
     """One line for the verify / extend graphs: graphs, replays and eager steps by reason each."""
     if not phases:
@@ -416,6 +440,7 @@ def _phases_text(phases: dict[str, Any]) -> str:
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
+            ("eager backend tokens/s (same run)", _eager_text(r)),
             ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
             ("speedup", f"{r.get('speedup', float('nan')):.2f}x"),
             _identical_row(r),
@@ -437,7 +462,7 @@ def _print_report(r: dict[str, Any]) -> None:
     if r.get("schedule"):
         sch = r["schedule"]
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
-        rows.insert(9, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
+        rows.insert(10, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
     if r.get("greedy_interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))

@@ -54,8 +54,8 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_draft_weights_updated_timestamp_seconds", labels, st["draft_weights_updated_at"] or 0.0)
     if st["acceptance_low"] is not None:
         add("draftgraph_acceptance_low", labels, 1 if st["acceptance_low"] else 0)
-    if st["draft_misfit_warnings"] is not None:
-        add("draftgraph_draft_misfit_warnings", labels, st["draft_misfit_warnings"])
+    if st["misfit_warnings"] is not None:
+        add("draftgraph_draft_misfit_warnings", labels, st["misfit_warnings"])
     if st["graphs_ready_s"] is not None:
         add("draftgraph_graphs_ready_seconds", labels, st["graphs_ready_s"])
     read_startup(engine.startup(), out, labels)

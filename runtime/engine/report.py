@@ -42,14 +42,13 @@ class EngineReport:
     def snapshot(self) -> dict[str, Any]:
         """Totals for the life of the engine (they never go down: `reset_stats` moves only
         `stats`'s baseline) plus ``startup_s``, ``graphs_ready_s``, the draft weights' version and
-        update time, ``acceptance_low`` and ``draft_misfit_warnings``. What metrics scrapes and
-        profiles read."""
+        update time, and ``acceptance_low``. What metrics scrapes and profiles read."""
         out = self.counts.snapshot()
         weights = self.boundary.weights
         out.update(startup_s=self.startup_s, graphs_ready_s=self.graphs_ready_s(),
                    draft_weights_version=weights.version, draft_weights_updated_at=weights.updated_at,
                    acceptance_low=None if self.acceptance is None else self.acceptance.low,
-                   draft_misfit_warnings=None if self.acceptance is None else self.acceptance.misfit_warnings)
+                   misfit_warnings=None if self.acceptance is None else self.acceptance.misfit_warnings)
         return out
 
     def graphs_ready_s(self) -> float | None:
