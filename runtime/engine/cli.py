@@ -52,7 +52,16 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capture", default="auto", choices=["auto", "background", "blocking"],
                    help="capture graphs off the serving path (background) or before serving (blocking); "
                         "auto (default): before serving on a CPU with fewer than 4 cores, else background")
-    p.add_argument("--draft", default="eagle", choices=["eagle", "multi_layer"])
+    p.add_argument("--draft", default="eagle", metavar="eagle|multi_layer|DIR",
+                   help="the embedded draft (eagle, multi_layer) or, with --target, a published EAGLE-1/2 "
+                        "or EAGLE-3 head's folder")
+    p.add_argument("--target", default=None, metavar="DIR_OR_ID",
+                   help="a transformers checkpoint (save_pretrained folder or hub id) as the target "
+                        "(default: the embedded target)")
+    p.add_argument("--dtype", default="float64", choices=["float64", "float32", "bfloat16"],
+                   help="dtype of a --target checkpoint and its head")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="cache positions per request of a --target (default 512, or its max_position_embeddings)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--schedule", default=None, metavar="B:S,...",
                    help='S by batch size, e.g. "1:5,4:3,16:1,32:0" (0: no speculation; "1:3|4|5": '
@@ -160,11 +169,23 @@ def _info(ns: argparse.Namespace) -> int:
 
 def _generate(ns: argparse.Namespace) -> int:
     from ..models import default_models, default_tokenizer, greedy_generate
+    from ..models.defaults import DRAFT_KINDS
     from .engine import SpecDecodeEngine
 
     args = build_args(ns)
-    tok = default_tokenizer()
-    target, draft = default_models(seed=ns.seed, draft=ns.draft)
+    if ns.target is None:
+        if ns.draft not in DRAFT_KINDS:
+            raise ValueError(f"--draft={ns.draft!r}: without --target it must be one of {list(DRAFT_KINDS)}")
+        tok = default_tokenizer()
+        target, draft = default_models(seed=ns.seed, draft=ns.draft)
+    else:
+        from ..models.hf_models import load_models
+        from ..models.hf_text import load_tokenizer
+
+        if ns.draft in DRAFT_KINDS:
+            raise ValueError(f"--target={ns.target!r}: needs --draft DIR (a published EAGLE head's folder)")
+        target, draft = load_models(ns.target, ns.draft, ns.dtype, max_len=ns.max_len)
+        tok = load_tokenizer(ns.target, target.vocab_size)
     ids = tok.encode(ns.text)
     from .simulate import wait_with_progress
 
@@ -208,7 +229,8 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
-                           poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases)
+                           poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases,
+                           target=ns.target, dtype=ns.dtype, max_len=ns.max_len)
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)

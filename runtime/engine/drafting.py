@@ -17,6 +17,7 @@ from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiL
 from draftgraph.runtime.worker_base import GraphStep
 
 from ..models.eagle_head import EagleDraftHead
+from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .slot_state import SlotState, StepBatch
 from .verify import Acceptance
@@ -33,9 +34,12 @@ def _causal_mask(lens: torch.Tensor, t: int, lk: int) -> torch.Tensor:
 
 
 class EagleDrafter:
-    """EAGLE head + `EagleDraftWorker`; the head's cache is allocated before any capture."""
+    """EAGLE head + `EagleDraftWorker`; the head's cache is allocated before any capture. The head
+    is the embedded `EagleDraftHead` or a published one (`HFEagleHead`): both have its calls
+    (``forward``, ``initial_state``, ``extend``, ``allocate_cache``, ``row_template``, ``cfg.dim`` /
+    ``cfg.max_len``, ``embed_w``)."""
 
-    def __init__(self, args: RuntimeArgs, head: EagleDraftHead, slots: int) -> None:
+    def __init__(self, args: RuntimeArgs, head: EagleDraftHead | HFEagleHead, slots: int) -> None:
         self.head = head
         head.allocate_cache(slots)
         self.worker = EagleDraftWorker(args, head)

@@ -32,6 +32,7 @@ from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
 
 from ..models.eagle_head import EagleDraftHead
+from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
@@ -99,17 +100,21 @@ class SpecDecodeEngine:
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
             raise TypeError(f"target={type(target).__name__}: must be a TargetModel")
+        check_backend = getattr(target, "check_backend", None)  # a target refusing a graph backend
+        if check_backend is not None:
+            check_backend(backend)
         self.target = target
         self.backend = backend
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
-        if isinstance(draft, EagleDraftHead):
+        if isinstance(draft, (EagleDraftHead, HFEagleHead)):
             self.drafter: EagleDrafter | MultiLayerDrafter = EagleDrafter(args, draft, self.max_slots + 1)
         elif isinstance(draft, MultiLayerDraft):
             self.drafter = MultiLayerDrafter(args, draft, self.max_slots + 1)
         else:
-            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead or a MultiLayerDraft")
+            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead, an HFEagleHead or a "
+                            f"MultiLayerDraft")
         if isinstance(schedule, str):
             schedule = SpeculationSchedule.parse(schedule)
         schedule = schedule if schedule is not None else args.schedule
@@ -348,8 +353,18 @@ class SpecDecodeEngine:
 
     def stats(self) -> dict[str, Any]:
         """Engine figures plus the worker's counters and per-state statistics. Safe from any
-        thread (a metrics scrape while serving)."""
-        return self.report.stats()
+        thread (a metrics scrape while serving). ``models``: what the target and the draft say
+        of themselves when they can (a transformers target's shape, a published head's format
+        and the target layers it reads)."""
+        out = self.report.stats()
+        models = {}
+        for name, model in (("target", self.target), ("draft", getattr(self.drafter, "head", None))):
+            describe = getattr(model, "describe", None)
+            if describe is not None:
+                models[name] = describe()
+        if models:
+            out["models"] = models
+        return out
 
     def startup(self) -> dict[str, Any]:
         """Start-up as a user feels it (`EngineReport.startup`), and ``capture_choice``: the

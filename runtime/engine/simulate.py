@@ -21,6 +21,7 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 
 from ..models import default_models, greedy_generate
 from ..models.corpus import held_out_prompts
+from ..models.defaults import DRAFT_KINDS
 from .engine import SpecDecodeEngine
 from .profiling import profile_steps
 from .requests import RequestFailed
@@ -58,8 +59,16 @@ class SimulationConfig:
     capture: str = "auto"  # "auto", "background" or "blocking" (`SpecDecodeEngine`'s "fill" here)
     graph_phases: tuple[str, ...] | None = None  # verify / extend graphs (None: the backend's default)
     eager_baseline: bool = True  # the same requests through the eager backend too (graph backends)
+    target: str | None = None  # a transformers checkpoint (folder or hub id); draft is then a head's folder
+    dtype: str = "float64"  # the transformers target's dtype
+    max_len: int | None = None  # the transformers target's cache positions per request (None: its default)
 
     def __post_init__(self) -> None:
+        if self.target is None and self.draft not in DRAFT_KINDS:
+            raise ValueError(f"--draft={self.draft!r}: without --target it must be one of {list(DRAFT_KINDS)} "
+                             f"(the embedded drafts); a published head's folder needs --target")
+        if self.target is not None and self.draft in DRAFT_KINDS:
+            raise ValueError(f"--target={self.target!r}: needs --draft DIR (a published EAGLE head's folder)")
         if self.requests < 1:
             raise ValueError(f"requests={self.requests}: must be >= 1")
         if not 0.0 < self.arrival:
@@ -193,12 +202,26 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, 
             own.uninstall()
 
 
+def _models_and_prompts(cfg: SimulationConfig) -> tuple[Any, Any, list[list[int]]]:
+    """(target, draft, prompts): the embedded models and byte prompts, or the transformers
+    checkpoints of ``cfg.target`` / ``cfg.draft`` with the held-out texts in the target's
+    vocabulary."""
+    texts = held_out_prompts(cfg.requests, seed=cfg.seed + 100)
+    if cfg.target is None:
+        target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
+        return target, draft, [list(p) for p in texts]
+    from ..models.hf_models import load_models
+    from ..models.hf_text import load_tokenizer, prompts_for
+
+    target, draft = load_models(cfg.target, cfg.draft, cfg.dtype, max_len=cfg.max_len)
+    return target, draft, prompts_for(texts, load_tokenizer(cfg.target, target.vocab_size), target.vocab_size)
+
+
 def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
                     reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
     rss0 = _rss_mib()
-    target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
+    target, draft, prompts = _models_and_prompts(cfg)
     rng = random.Random(cfg.seed)
-    prompts = [list(p) for p in held_out_prompts(cfg.requests, seed=cfg.seed + 100)]
     max_new = [rng.randint(cfg.min_new, cfg.max_new) for _ in prompts]
     arrivals, t = [], 0.0
     for _ in prompts:

@@ -78,10 +78,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, write_pos: torch.Tensor,
-                     write_slot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                     write_slot: torch.Tensor, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Write k, v [B, T, Hk, d] at (write_slot, write_pos) [B, T], then attend q [B, T, Hq, d] over
     the first ``mask.shape[-1]`` cache positions of ``slots`` [B] under mask [B, T, Lk] (bool,
-    True = attend). Returns [B, T, Hq * d]."""
+    True = attend); scores are scaled by ``scale`` (None: 1 / sqrt(d)). Returns [B, T, Hq * d]."""
     k_cache.index_put_((write_slot, write_pos), k)
     v_cache.index_put_((write_slot, write_pos), v)
     lk = mask.shape[-1]
@@ -91,7 +91,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     if rep > 1:
         keys = keys.repeat_interleave(rep, dim=2)
         vals = vals.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bthd,bshd->bhts", q, keys) / math.sqrt(q.shape[-1])
+    s = torch.einsum("bthd,bshd->bhts", q, keys)
+    s = s / math.sqrt(q.shape[-1]) if scale is None else s * scale
     s = s.masked_fill(~mask.unsqueeze(1), float("-inf"))
     out = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), vals)
     return out.flatten(2)

@@ -1,0 +1,293 @@
+"""`HFEagleHead`: a published EAGLE-1/2 or EAGLE-3 draft head, in the engine's draft-head shape.
+
+Parameter names are the published key layout (SafeAILab EAGLE, vLLM, SGLang), so a checkpoint
+loads with ``load_state_dict``:
+
+- EAGLE-1/2 (``fmt="eagle1"``): ``fc`` [H, 2H] over cat(embed(token), feature), Llama decoder
+  ``layers.{i}`` (layer 0 without ``input_layernorm``), no final norm; the embedding and the LM
+  head are the target's (shared, not copied). The target's feature is its final normed state.
+- EAGLE-3 (``fmt="eagle3"``): ``fc`` [H, 3H] over three of the target's residual streams (used
+  where the row's feature is the target's, in `extend`); ``midlayer`` whose q/k/v take 2H,
+  cat(input_layernorm(embed), hidden_norm(feature)); ``norm``; ``lm_head`` [draft_vocab, H] and
+  ``d2t`` (target id = draft id + d2t[id]), applied inside the step: the logits come out over
+  the target's vocabulary (-inf outside the draft vocabulary). The embedding is the target's.
+
+The engine-facing calls are those of `EagleDraftHead` (``forward(input_ids, rows)`` capturable,
+``initial_state``, ``extend``, ``allocate_cache``, ``row_template``): the same `DraftRows`, with
+``ancestors`` [M, A, layers, 2, kv_heads, head_dim] (every layer's K/V of the tokens drafted
+before the row in this step). The head computes in the target's dtype; logits leave as float32.
+A deep copy (the engine serves a copy of its draft) shares the target's tensors. transformers
+(its Llama norm, MLP and RoPE) is imported when a head is built, not with this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from .eagle_head import DraftRows
+from .kv_cache import KVCache
+from .layers import cached_attention
+
+__all__ = ["FORMATS", "HFEagleConfig", "HFEagleHead"]
+
+FORMATS = ("eagle1", "eagle3")
+
+
+@dataclasses.dataclass(frozen=True)
+class HFEagleConfig:
+    """Shape of a published head as the engine sees it (``dim`` is the carried feature's width)."""
+
+    fmt: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    feature_width: int
+    feature_layers: tuple[int, ...]
+    max_len: int
+    max_ancestors: int
+    config_json: str
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama RoPE pairing: (x1, x2) -> (-x2, x1) over the two halves."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], -1)
+
+
+class _Attention(nn.Module):
+    """q/k/v/o projections of a Llama attention over ``in_dim`` inputs."""
+
+    def __init__(self, in_dim: int, dim: int, heads: int, kv_heads: int, head_dim: int,
+                 biased: frozenset[str]) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias="q_proj" in biased)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias="k_proj" in biased)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias="v_proj" in biased)
+        self.o_proj = nn.Linear(heads * head_dim, dim, bias="o_proj" in biased)
+
+
+class _Layer(nn.Module):
+    """A Llama decoder layer's modules (attention input built by the head)."""
+
+    def __init__(self, config: Any, in_dim: int, input_norm: bool, hidden_norm: bool, head_dim: int,
+                 biased: frozenset[str]) -> None:
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        if input_norm:
+            self.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        if hidden_norm:
+            self.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.self_attn = _Attention(in_dim, h, config.num_attention_heads, config.num_key_value_heads, head_dim,
+                                    biased)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.mlp = LlamaMLP(config)
+
+
+class HFEagleHead(nn.Module):
+    """A published head of format ``fmt`` (`FORMATS`) for ``target`` (an `HFTarget` whose features
+    are what the head reads), from the head's Llama ``config``; ``max_len`` is the target's cache
+    length. ``biased``: the linear layers with a bias ("fc", "q_proj", "k_proj", "v_proj",
+    "o_proj"; None: the config's ``bias`` for fc and ``attention_bias`` for the attention).
+    Weights are loaded by the caller (`hf_models.load_draft`)."""
+
+    def __init__(self, fmt: str, config: Any, target: Any, draft_vocab_size: int | None = None,
+                 max_ancestors: int = 7, biased: frozenset[str] | None = None) -> None:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        super().__init__()
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt={fmt!r}: must be one of {list(FORMATS)}")
+        h = config.hidden_size
+        heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+        hd = getattr(config, "head_dim", None) or h // heads
+        eagle3 = fmt == "eagle3"
+        if biased is None:
+            attention = {"q_proj", "k_proj", "v_proj", "o_proj"} if getattr(config, "attention_bias", False) else set()
+            biased = frozenset(attention | ({"fc"} if getattr(config, "bias", True) and not eagle3 else set()))
+        n_layers = 1 if eagle3 else config.num_hidden_layers
+        feature_width = target.hidden_size
+        vd = draft_vocab_size if eagle3 else target.vocab_size
+        self.cfg = HFEagleConfig(fmt, h, n_layers, heads, kv, hd, target.vocab_size, vd, feature_width,
+                                 tuple(target.cfg.feature_layers), target.cfg.max_len, max_ancestors,
+                                 config.to_json_string(use_diff=False))
+        dtype, device = target.dtype, target.device
+        if eagle3:
+            self.fc = nn.Linear(feature_width, h, bias="fc" in biased)
+            self.midlayer = _Layer(config, 2 * h, True, True, hd, biased)
+            self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+            self.lm_head = nn.Linear(h, vd, bias=False)
+            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        else:
+            self.fc = nn.Linear(2 * h, h, bias="fc" in biased)
+            self.layers = nn.ModuleList(_Layer(config, h, i > 0, False, hd, biased) for i in range(n_layers))
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.to(dtype=dtype, device=device)
+        # the target's tensors, shared (non-persistent: never saved, refitted or copied)
+        self.register_buffer("embed_w", target.embed.weight.detach(), persistent=False)
+        if not eagle3:
+            self.register_buffer("lm_w", target.model.get_output_embeddings().weight.detach(), persistent=False)
+        self.cache: KVCache | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HFEagleHead:
+        """A copy sharing the target's tensors (the engine copies its draft to own the cache)."""
+        memo[id(self.embed_w)] = self.embed_w
+        if hasattr(self, "lm_w"):
+            memo[id(self.lm_w)] = self.lm_w
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = copy.deepcopy(value, memo)
+        return new
+
+    # ---- sizes --------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_w.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    def _blocks(self) -> list[_Layer]:
+        return [self.midlayer] if self.cfg.fmt == "eagle3" else list(self.layers)
+
+    def row_template(self, rows: int, device: torch.device | str) -> DraftRows:
+        """Zero draft rows [rows, ...] (the worker's static graph inputs and its input rules)."""
+        c = self.cfg
+        long = torch.int64
+        return DraftRows(torch.zeros(rows, c.dim, dtype=self.dtype, device=device),
+                         torch.zeros(rows, dtype=long, device=device), torch.zeros(rows, dtype=long, device=device),
+                         torch.zeros(rows, dtype=long, device=device),
+                         torch.zeros(rows, c.max_ancestors, c.n_layers, 2, c.n_kv_heads, c.head_dim,
+                                     dtype=self.dtype, device=device))
+
+    def allocate_cache(self, slots: int) -> KVCache:
+        """Allocate the draft cache once; graphs captured later read these very tensors."""
+        c = self.cfg
+        self.cache = KVCache.zeros(c.n_layers, slots, c.max_len, c.n_kv_heads, c.head_dim, self.dtype,
+                                   self.embed_w.device)
+        return self.cache
+
+    # ---- shared pieces ------------------------------------------------------------------------
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary (float32)."""
+        if self.cfg.fmt == "eagle1":
+            return (x @ self.lm_w.t()).float()
+        draft = self.lm_head(self.norm(x)).float()
+        ids = torch.arange(draft.shape[-1], device=draft.device) + self.d2t
+        full = draft.new_full((*draft.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        return full.scatter(-1, ids.expand(draft.shape), draft)
+
+    def _inputs(self, feature: torch.Tensor, tokens: torch.Tensor, from_target: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the first layer's attention input, its residual) for features and next tokens."""
+        emb = self.embed_w[tokens]
+        if self.cfg.fmt == "eagle1":
+            x = self.fc(torch.cat([emb, feature], -1))
+            return x, x
+        hid = self.fc(feature) if from_target else feature
+        return torch.cat([self.midlayer.input_layernorm(emb), self.midlayer.hidden_norm(hid)], -1), hid
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, pos: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [..., H, hd], k, v [..., Hk, hd] with RoPE at pos [...]."""
+        c, attn = self.cfg, layer.self_attn
+        q = attn.q_proj(x).unflatten(-1, (c.n_heads, c.head_dim))
+        k = attn.k_proj(x).unflatten(-1, (c.n_kv_heads, c.head_dim))
+        v = attn.v_proj(x).unflatten(-1, (c.n_kv_heads, c.head_dim))
+        cos, sin = self.rotary(x, pos)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    @staticmethod
+    def _finish(layer: _Layer, residual: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        x = residual + layer.self_attn.o_proj(att)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _next_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[i].input_layernorm(x)
+
+    # ---- the capturable draft call ------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, DraftRows]:
+        """One draft token per row: input_ids [M], rows (M rows) -> (logits [M, V] float32, the
+        next rows: the new feature, position + 1, this token's K/V among the ancestors)."""
+        c = self.cfg
+        a, g = c.max_ancestors, c.n_heads // c.n_kv_heads
+        slot, base, anc = rows.slot, rows.base, rows.ancestors
+        pos = rows.position.clamp(0, c.max_len - 1)
+        lk = self.cache.k[0].shape[1]
+        pre_ok = torch.arange(lk, device=pos.device)[None] < base[:, None]  # [M, L]
+        anc_ok = torch.arange(a, device=pos.device)[None] < (pos - base)[:, None]  # [M, A]
+        x, residual = self._inputs(rows.feature, input_ids, from_target=False)
+        scale = c.head_dim ** -0.5
+        new_kv = []
+        out = residual
+        for i, layer in enumerate(self._blocks()):
+            if i:
+                residual = out
+                x = self._next_input(i, out)
+            q, k, v = self._qkv(layer, x, pos)  # q [M, H, hd], k, v [M, Hk, hd]
+            q = q.unflatten(1, (c.n_kv_heads, g))  # [M, Hk, g, hd]
+            keys, vals = self.cache.k[i][slot], self.cache.v[i][slot]  # [M, L, Hk, hd]
+            ak, av = anc[:, :, i, 0], anc[:, :, i, 1]  # [M, A, Hk, hd]
+            s = torch.cat([
+                (torch.einsum("mkgd,mlkd->mkgl", q, keys) * scale).masked_fill(~pre_ok[:, None, None], float("-inf")),
+                (torch.einsum("mkgd,makd->mkga", q, ak) * scale).masked_fill(~anc_ok[:, None, None], float("-inf")),
+                torch.einsum("mkgd,mkd->mkg", q, k)[..., None] * scale], -1)
+            p = torch.softmax(s, -1)
+            att = (torch.einsum("mkgl,mlkd->mkgd", p[..., :lk], vals)
+                   + torch.einsum("mkga,makd->mkgd", p[..., lk:lk + a], av)
+                   + p[..., lk + a:] * v[:, :, None])
+            out = self._finish(layer, residual, att.flatten(1))
+            new_kv.append(torch.stack([k, v], 1))  # [M, 2, Hk, hd]
+        j = (pos - base).clamp(0, a - 1)
+        onehot = (torch.arange(a, device=j.device)[None] == j[:, None]).to(anc.dtype)  # no host read of j
+        onehot = onehot[:, :, None, None, None, None]
+        new = torch.stack(new_kv, 1)[:, None]  # [M, 1, layers, 2, Hk, hd]
+        anc = anc + onehot * (new - anc)
+        return self._logits(out), DraftRows(out, slot, rows.position + 1, base, anc)
+
+    def initial_state(self, feat: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> DraftRows:
+        """Draft rows for the first draft token of each request: feat [b, dim] (the carried
+        feature), slots [b], seq_lens [b]; no ancestors yet."""
+        c = self.cfg
+        b = feat.shape[0]
+        lens = seq_lens.to(torch.int64)
+        anc = torch.zeros(b, c.max_ancestors, c.n_layers, 2, c.n_kv_heads, c.head_dim, dtype=self.dtype,
+                          device=feat.device)
+        return DraftRows(feat.to(self.dtype), slots.to(torch.int64), lens, lens, anc)
+
+    # ---- extend (writes the cache) ------------------------------------------------------------
+    def extend(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+               slots: torch.Tensor, write_slot: torch.Tensor, mask: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head over committed positions: feats [B, T, F] (the target's features at each
+        position), next_tokens [B, T] (the token after each), positions [B, T]; writes every
+        layer's K/V at (write_slot, positions) and attends under mask [B, T, Lk]. Returns
+        (features [B, T, dim], logits [B, T, V] float32)."""
+        x, residual = self._inputs(feats.to(self.dtype), next_tokens, from_target=True)
+        out = residual
+        for i, layer in enumerate(self._blocks()):
+            if i:
+                residual = out
+                x = self._next_input(i, out)
+            q, k, v = self._qkv(layer, x, positions)
+            att = cached_attention(q, k, v, self.cache.k[i], self.cache.v[i], slots, positions, write_slot, mask,
+                                   scale=self.cfg.head_dim ** -0.5)
+            out = self._finish(layer, residual, att)
+        return out, self._logits(out)
+
+    def describe(self) -> dict[str, Any]:
+        """The head's identity for logs and stats (format, widths, the target layers it reads)."""
+        return {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "config_json"}
