@@ -44,9 +44,22 @@ from torch import Tensor, fx
 
 from .aten_reductions import REWRITE_TAG, keep_aten_reductions, register_inductor_lowerings
 from .backend_trace import _RECORD_LOCK, TraceBackend, TraceGraph, _evict_fx_sources, _fx_source_keys
+from .cancel import CaptureCancelled, cancel_requested
 from .compile_symbolic import compile_symbolic, isolated_world, record_symbolic, symbolic_default, worlds_differ
 from .compile_worker import CompileWorker, CompileWorkerDied
-from .compiled_entry import CompiledStore, ConstantTable, EntryError, StoredGraph, entry_key, pack_entry, unpack_entry
+from .compiled_entry import (
+    CompiledStore,
+    ConstantTable,
+    EntryError,
+    StoredGraph,
+    check_request,
+    check_tensors,
+    describe_request,
+    describe_tensors,
+    entry_key,
+    pack_entry,
+    unpack_entry,
+)
 from .errors import GraphCaptureError
 from .protocol import FlatStep
 
@@ -288,7 +301,7 @@ class CompileBackend(TraceBackend):
             return None
         start = time.perf_counter()
         try:
-            graph = self._rebuild(size, payload, args, table)
+            graph = self._rebuild(key, size, payload, args, table)
         except Exception as exc:  # a damaged or foreign entry, or torch cannot load it: rebuild it
             store.refuse(key, f"{type(exc).__name__}: {exc}")
             return None
@@ -322,10 +335,12 @@ class CompileBackend(TraceBackend):
         modules: list[Any] = []
         try:
             manifest, artifact = unpack_entry(payload)
+            check_request(manifest, key, describe_request(self._structure, None, args))
             if manifest.get("symbolic") is not True or manifest.get("inputs") != len(args) \
                     or not isinstance(manifest.get("sizes"), dict):
                 raise EntryError(f"not a symbolic entry over {len(args)} inputs")
             constants = tuple(table.view(w) for w in manifest["constants"])
+            check_tensors(manifest.get("constants_described"), constants, "constant")
             _use_cache_dir()
             with _fx_work(lock=False):
                 with _new_modules(modules):
@@ -368,6 +383,7 @@ class CompileBackend(TraceBackend):
             return None
         try:
             outputs, fresh, nbytes = self._bind_outputs(size, described["outputs"], args, table)
+            check_tensors(described.get("outputs_described"), outputs, "output")
         except (EntryError, KeyError, TypeError, ValueError) as exc:
             logger.warning("compile backend: size %d does not fit the stored symbolic code (%s); recording it",
                            size, exc)
@@ -400,23 +416,33 @@ class CompileBackend(TraceBackend):
             logger.debug("compile backend: size %d not in the symbolic entry: a tensor is not in the constant table",
                          graph.size)
             return
-        manifest = self._symbolic_manifest or {"symbolic": True, "code": "inductor", "inputs": len(graph.inputs),
-                                               "constants": where, "torch": torch.__version__, "sizes": {}}
+        key = self._symbolic_key(graph.inputs)
+        manifest = self._symbolic_manifest or {
+            "symbolic": True, "code": "inductor", "inputs": len(graph.inputs), "constants": where,
+            "torch": torch.__version__, "sizes": {}, "key": key,
+            "request": describe_request(self._structure, None, graph.inputs),
+            "constants_described": describe_tensors(constants, "constant")}
         manifest["sizes"][str(graph.size)] = {
             "outputs": outputs, "nodes": graph.nodes, "replay_s": graph.replay_s, "eager_s": graph.eager_s,
-            "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None}
-        store.put(self._symbolic_key(graph.inputs), pack_entry(manifest, self._symbolic_raw))
+            "prefer_eager": graph.prefer_eager if graph.replay_s is not None else None,
+            "outputs_described": describe_tensors(graph.outputs, [o["kind"] for o in outputs])}
+        store.put(key, pack_entry(manifest, self._symbolic_raw))
         self._symbolic_manifest = manifest
         self.stored += 1
 
-    def _rebuild(self, size: int, payload: bytes, args: tuple[Tensor, ...], table: ConstantTable) -> StoredGraph:
-        """A `StoredGraph` over the live ``args`` and named constants (EntryError when it does not fit)."""
+    def _rebuild(self, key: str, size: int, payload: bytes, args: tuple[Tensor, ...], table: ConstantTable
+                 ) -> StoredGraph:
+        """A `StoredGraph` over the live ``args`` and named constants; EntryError when the entry was
+        made for another key or structure (checked before its code is loaded) or does not fit."""
         manifest, artifact = unpack_entry(payload)
+        check_request(manifest, key, describe_request(self._structure, size, args))
         if manifest.get("size") != size or len(manifest.get("inputs", ())) != len(args):
             raise EntryError(f"entry for size {manifest.get('size')!r} with {len(manifest.get('inputs', ()))} "
                              f"inputs; wanted size {size} with {len(args)}")
         constants = tuple(table.view(w) for w in manifest["constants"])
+        check_tensors(manifest.get("constants_described"), constants, "constant")
         outputs, fresh, nbytes = self._bind_outputs(size, manifest["outputs"], args, table)
+        check_tensors(manifest.get("outputs_described"), outputs, "output")
         _use_cache_dir()
         engine = manifest.get("code", "inductor")
         with _fx_work(lock=False):
@@ -508,11 +534,15 @@ class CompileBackend(TraceBackend):
         except Exception as exc:  # inductor saved nothing (a step with nothing to compile): store the graph
             logger.debug("compile backend: size %d stores its recorded graph (%s)", graph.size, exc)
             raw, code = pickle.dumps(_lift_constants(graph.module)[0]), "fx"
+        key = self._key(graph.size, inputs)
         manifest = {"size": graph.size, "code": code, "inputs": [list(a.shape) for a in inputs], "constants": where,
                     "outputs": outputs, "nodes": graph.nodes, "torch": torch.__version__,
                     "prefer_eager": graph.prefer_eager if graph.replay_s is not None and code == "inductor" else None,
-                    "replay_s": graph.replay_s, "eager_s": graph.eager_s}
-        store.put(self._key(graph.size, inputs), pack_entry(manifest, raw))
+                    "replay_s": graph.replay_s, "eager_s": graph.eager_s, "key": key,
+                    "request": describe_request(self._structure, graph.size, inputs),
+                    "constants_described": describe_tensors(constants, "constant"),
+                    "outputs_described": describe_tensors(graph.outputs, [o["kind"] for o in outputs])}
+        store.put(key, pack_entry(manifest, raw))
         self.stored += 1
 
     # ---- recording and compiling -------------------------------------------------------------
@@ -541,6 +571,9 @@ class CompileBackend(TraceBackend):
         except CompileWorkerDied as exc:  # not the graph's fault: this size serves eager, counted
             graph.release()
             raise GraphCaptureError(f"size {size}: {exc}", size=size) from exc
+        except CaptureCancelled:  # the capture thread was stopped (exit): no fallback, no warning
+            graph.release()
+            raise
         except Exception as exc:  # inductor raises many kinds; the FX replay stays correct
             runner, reason = None, f"compile failed: {type(exc).__name__}: {exc}"
         elapsed = time.perf_counter() - start
@@ -643,15 +676,21 @@ class CompileBackend(TraceBackend):
                         with _new_modules(self._unit_modules):
                             compiled = _load_artifact(raw)
                     except Exception as exc:  # noqa: BLE001  # the in-process compile decides
+                        self._if_closed_stop(exc)
                         logger.warning("compile process: the symbolic code does not load here (%s: %s); "
                                        "compiling it in this process", type(exc).__name__, exc)
                         raw = None
                 if compiled is None:
+                    self._if_closed_stop(None)
                     self.compiles += 1
                     with _new_modules(self._unit_modules):
                         compiled = compile_symbolic(exact, [*fakes, *constants])
                     with contextlib.suppress(Exception):  # nothing saveable: it is not stored
                         raw = _artifact_bytes(compiled) if self._store is not None else None
+        except CompileWorkerDied:  # closed while loading (`_if_closed_stop`): a cut-off, no failure
+            self._symbolic_cut_off = True
+            self._symbolic_failed = "the compile process was closed during the symbolic compile"
+            raise
         except Exception as exc:  # noqa: BLE001  # any failure: compile per size, as without it
             self._per_size_after("no symbolic compile", exc)
             return
@@ -666,8 +705,18 @@ class CompileBackend(TraceBackend):
         logger.info("compile backend: one symbolic compile in %.2f s%s", self.symbolic_compile_s,
                     " (compile process)" if self._compiler is not None and raw is not None else "")
 
+    def _if_closed_stop(self, exc: Exception | None) -> None:
+        """Raise `CompileWorkerDied` when the compile process was closed (the engine or the
+        process is ending: at exit, loading inductor's code fails with "can't register atexit
+        after shutdown"): no compile in this process then, and nothing to warn about."""
+        if self._compiler is not None and self._compiler.closed:
+            raise CompileWorkerDied("the compile process was closed: no compile in this process") from exc
+
     def _per_size_after(self, what: str, exc: Exception) -> None:
-        """The symbolic route failed (``what``, raising ``exc``): every size compiles on its own."""
+        """The symbolic route failed (``what``, raising ``exc``): every size compiles on its own
+        (a cancelled capture is no failure: it propagates)."""
+        if isinstance(exc, CaptureCancelled):
+            raise exc
         self._symbolic_failed = f"{what}: {type(exc).__name__}: {exc}"
         logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
 
@@ -731,10 +780,13 @@ class CompileBackend(TraceBackend):
                         compiled = _load_artifact(raw)
                     compiled(*_copies(inputs))  # a graph the pipe changed fails here: compile it here
                 except Exception as exc:  # noqa: BLE001  # any failure: the in-process compile decides
+                    self._if_closed_stop(exc)
                     logger.warning("compile process: size %d's code does not run here (%s: %s); "
                                    "compiling it in this process", size, type(exc).__name__, exc)
                     raw = None
         compile_fn = self._compile_fn or (_inductor_artifact if self._store is not None else _inductor_compile)
+        if raw is None:
+            self._if_closed_stop(None)
         with _RECORD_LOCK, torch.no_grad():  # inductor records with make_fx too (AOT autograd)
             if raw is None:
                 self.compiles += 1
@@ -828,6 +880,8 @@ def _paired_seconds(a: Callable[[], Any], b: Callable[[], Any], rounds: int = 9)
     ta: list[float] = []
     tb: list[float] = []
     for i in range(rounds):
+        if cancel_requested():  # the process is exiting: no verdict, and no more rounds
+            raise CaptureCancelled("speed check cancelled")
         for fn, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
             start = time.perf_counter()
             fn()

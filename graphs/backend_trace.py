@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -126,7 +127,11 @@ def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx
         if HOST_SYNC_OP in str(exc):
             raise GraphCaptureError(host_sync_message(HOST_SYNC_OP, size), size=size) from exc
         raise
-    gm.meta["draftgraph_fx_sources"] = _fx_source_keys() - before
+    keys = _fx_source_keys() - before
+    gm.meta["draftgraph_fx_sources"] = keys
+    # released graphs evict these at once (`TraceGraph.release`); one that is only dropped, by
+    # whatever path, takes them along when it is collected
+    weakref.finalize(gm, _evict_fx_sources, frozenset(keys)).atexit = False
     return gm, check_outputs(seen[-1], size)
 
 

@@ -17,6 +17,15 @@ without the size, and its manifest holds each checked size's outputs (``sizes``)
 (`CompiledStore`, given by the caller: graphs/ does no file I/O of its own) keeps the bytes.
 A payload that cannot be parsed or loaded is refused through the store (named, removed) and
 the size is recorded and compiled again.
+
+An entry is bound to what it was compiled for, inside the payload the store's digest covers:
+its manifest holds its own ``key`` and a description of its structure (`describe_request`: the
+structure string, the size, every static input's shape and dtype; `describe_tensors`: every
+constant's and every output's role, shape and dtype). A load checks the key and the request's
+description (`check_request`) before anything is loaded, and the bound constants and outputs
+against their description (`check_tensors`) before anything runs: an entry under another
+key's name (same user, digest intact) is an `EntryError`, so it is refused and compiled again,
+never run as another structure's code.
 """
 
 from __future__ import annotations
@@ -32,12 +41,12 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledStore", "ConstantTable", "EntryError", "StoredCode", "StoredGraph", "entry_key", "pack_entry",
-           "unpack_entry"]
+__all__ = ["CompiledStore", "ConstantTable", "EntryError", "StoredCode", "StoredGraph", "check_request",
+           "check_tensors", "describe_request", "describe_tensors", "entry_key", "pack_entry", "unpack_entry"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: the manifest names its key and describes its structure (`check_request`)
 _MAGIC = b"DGCE"  # draftgraph compiled entry
 _HEAD = struct.Struct("<4sIQ")  # magic, format, manifest bytes
 
@@ -158,6 +167,57 @@ def entry_key(structure: str, size: int | None, inputs: tuple[Tensor, ...], tabl
             "python": sys.version.split()[0], "cpu": cpu,
             "backend": backend if size is not None else f"{backend}+symbolic"}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def describe_request(structure: str, size: int | None, inputs: tuple[Tensor, ...]) -> dict[str, Any]:
+    """What a load asks for, as an entry's manifest records it: the structure string, the size
+    ("symbolic": one code for every size, the inputs' dim 0 left out) and each static input's
+    role, shape and dtype."""
+    described = describe_tensors(inputs, "static")
+    if size is None:
+        for d in described:
+            d["shape"] = d["shape"][1:]
+    return {"structure": structure, "size": "symbolic" if size is None else size, "inputs": described}
+
+
+def describe_tensors(tensors: tuple[Tensor, ...] | list[Tensor], role: str | list[str]) -> list[dict[str, Any]]:
+    """Role, shape and dtype of each tensor (``role``: one for all, or one per tensor)."""
+    roles = [role] * len(tensors) if isinstance(role, str) else list(role)
+    return [{"role": r, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for r, t in zip(roles, tensors)]
+
+
+def check_request(manifest: Mapping[str, Any], key: str, request: Mapping[str, Any]) -> None:
+    """EntryError unless ``manifest`` was made under ``key`` for ``request`` (`describe_request`),
+    naming the first difference."""
+    made_for = manifest.get("key")
+    if made_for != key:
+        raise EntryError(f"entry made under key {str(made_for)[:16]}..., found under {key[:16]}...: "
+                         f"code compiled for another structure is never run")
+    stored = manifest.get("request")
+    if not isinstance(stored, dict):
+        raise EntryError("entry has no description of its structure")
+    for field in ("structure", "size", "inputs"):
+        if stored.get(field) != request[field]:
+            raise EntryError(f"entry describes {field} {_short(stored.get(field))}, the request "
+                             f"{_short(request[field])}")
+
+
+def check_tensors(described: Any, tensors: tuple[Tensor, ...] | list[Tensor], what: str) -> None:
+    """EntryError unless ``tensors`` have the roles, shapes and dtypes ``described`` (a manifest's
+    `describe_tensors` list) says, naming ``what`` and the first difference."""
+    if not isinstance(described, list) or len(described) != len(tensors):
+        n = len(described) if isinstance(described, list) else None
+        raise EntryError(f"{what}: the entry describes {n}, {len(tensors)} bound")
+    for i, (d, t) in enumerate(zip(described, tensors)):
+        if not isinstance(d, dict) or d.get("shape") != list(t.shape) \
+                or d.get("dtype") != str(t.dtype).removeprefix("torch."):
+            raise EntryError(f"{what} {i}: the entry describes {_short(d)}, bound {list(t.shape)} {t.dtype}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def pack_entry(manifest: Mapping[str, Any], artifact: bytes) -> bytes:

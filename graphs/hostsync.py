@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .cancel import CaptureCancelled, cancel_requested
 from .errors import GraphCaptureError
 
 __all__ = ["HOST_SYNC_METHODS", "HOST_SYNC_OP", "HostSyncGuard", "host_sync_message"]
@@ -57,6 +58,8 @@ class HostSyncGuard(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if cancel_requested():  # the capture thread was told to stop (`graphs.cancel`)
+            raise CaptureCancelled(f"capture at size {self._size} cancelled", size=self._size)
         op = HOST_SYNC_METHODS.get(func)
         if op is not None:
             raise GraphCaptureError(host_sync_message(op, self._size), size=self._size)

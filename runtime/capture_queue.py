@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from draftgraph.graphs import GraphCaptureError
+from draftgraph.graphs.cancel import cancel_scope
 
 from .state import RuntimeState
 
@@ -62,6 +63,7 @@ class _Entry:
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
 MAX_WAIT_S = 10.0  # ... or after this long without a unit, so a busy server still progresses
+EXIT_WAIT_S = 5.0  # at interpreter exit, the longest wait for a unit in progress (cancelled: ~0.1-1 s)
 MAX_THREADS = 2  # background threads while units compile in the compile process (`_wanted_threads`)
 
 
@@ -89,6 +91,9 @@ class CaptureQueue:
         self._running = 0  # units being captured now
         self._taken: set[tuple[int, int]] = set()  # (id(manager), size) being captured now
         self._threads: list[threading.Thread] = []
+        self.max_threads = MAX_THREADS  # more during a fill with several compile processes
+        self.interrupt_at_exit: Callable[[], None] | None = None  # see `stop_at_exit`
+        self._cancel = threading.Event()  # set at exit: the capture threads' recordings stop
         self.threaded = False  # a background thread runs the units (trace, compile)
         self._stopped = False
         self._abandoned = False  # stop timed out: the thread runs a unit that did not return
@@ -289,13 +294,19 @@ class CaptureQueue:
         return self._stop(timeout_s, log_cancelled=True, interrupt=interrupt)
 
     def stop_at_exit(self) -> None:
-        """`stop` at interpreter exit: a unit in progress may finish (60 s at most), unless a
-        stop already gave up on the thread (no second wait); units left are not logged."""
+        """`stop` at interpreter exit, quickly and quietly: pending units are cancelled unlogged,
+        ``interrupt_at_exit`` (the worker ends its compile processes there, so a unit waiting on a
+        compile returns at once, and none compiles here instead) is called, and a unit still
+        recording is cancelled at its next torch call (`graphs.cancel`) and waited for up to
+        `EXIT_WAIT_S` (then it is left behind as a daemon thread: the store's
+        writes are whole files renamed into place, so a cut-off one leaves no entry); no wait
+        when a stop already gave up on the thread."""
         if not self._abandoned:
-            self._stop(60.0, log_cancelled=False)
+            self._cancel.set()  # a recording in progress stops at its next torch call
+            self._stop(EXIT_WAIT_S, log_cancelled=False, interrupt=self.interrupt_at_exit, quiet=True)
 
-    def _stop(self, timeout_s: float | None, log_cancelled: bool, interrupt: Callable[[], None] | None = None
-              ) -> bool:
+    def _stop(self, timeout_s: float | None, log_cancelled: bool, interrupt: Callable[[], None] | None = None,
+              quiet: bool = False) -> bool:
         with self._lock:
             first = not self._stopped
             self._stopped = True
@@ -318,14 +329,16 @@ class CaptureQueue:
             thread.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
             if thread.is_alive():
                 self._abandoned = True
-                logger.warning("capture thread still running %s s after stop (a unit in progress did not "
-                               "return); left behind as a daemon thread", timeout_s)
+                log = logger.info if quiet else logger.warning
+                log("capture thread still running %s s after stop (a unit in progress did not return); "
+                    "left behind as a daemon thread", timeout_s)
                 return False
         return True
 
     def _wanted_threads(self) -> int:
         """Background threads worth running (the caller holds the lock): one, or `MAX_THREADS`
-        while at least two managers wait and none of them compiles here. A unit that compiles in
+        while at least two managers wait and none of them compiles here
+        (``max_threads``: one per compile process during a fill). A unit that compiles in
         the compile process spends most of its time waiting for it; a second thread meanwhile
         records and checks another state's units, so this process's work and the compile
         process's overlap (a cold fill measured 66 s one unit after another). Units that compile
@@ -333,7 +346,7 @@ class CaptureQueue:
         live = [e for e in self._entries if e.manager.pending_sizes]
         if len(live) < 2 or any(e.paced for e in live):
             return 1
-        return min(MAX_THREADS, len(live))
+        return min(self.max_threads, len(live))
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -352,7 +365,7 @@ class CaptureQueue:
     def _work(self) -> None:
         """Run units until none is pending; a later `add` starts a new thread."""
         _lower_priority()
-        with _short_gil_turns():
+        with _short_gil_turns(), cancel_scope(self._cancel):
             self._work_loop()
 
     def _work_loop(self) -> None:

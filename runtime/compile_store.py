@@ -3,18 +3,24 @@
 One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compiled_entry`),
 in a private folder (`private_dir`: created 0700, refused unless a real directory owned by this
 user and not writable by group or others), by default ``$DRAFTGRAPH_CACHE/compiled`` (else
-``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its payload,
-checked at every load. Loaded code runs in this process, so an entry is refused, named in a
-warning and removed (its graph is then recorded and compiled again) when it is not a regular
-file (a symlink, a FIFO), is owned by another user or writable by group or others, or its
-digest or format does not match. Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file
-renamed into place. The store is bounded: after each write, the least recently used entries
+``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its key and its
+payload, checked at every load (an entry renamed to another key fails it). Loaded code runs in
+this process, so an entry is refused, named in a warning and removed (its graph is then recorded
+and compiled again) when it is not a regular file (a symlink, a FIFO), is owned by another user
+or writable by group or others, or its digest or format does not match.
+
+Writes go through a new ``O_EXCL | O_NOFOLLOW`` temporary file (``.<key prefix>.tmp<pid>.<rnd>``)
+renamed into place; one left by a writer that died mid-put (its pid gone, or an hour old) is
+removed when a store opens and at each eviction (``temp_removed``), and every temporary file
+counts under the cap. The store is bounded: after each write, the least recently used entries
 (by modification time, refreshed at each load) are removed until the total is under the cap
-(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512). One entry of its own holds the seconds the
-latest units took, those that ran a compile and those that only recorded and checked against
-a compile their state already had (`CompileStore.unit_seconds`: a cold start's estimate). An
-unwritable folder falls back to a per-user temporary folder with one warning, as the model
-cache does; ``DRAFTGRAPH_COMPILED_DIR`` names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
+(``DRAFTGRAPH_COMPILED_MAX_MB``, default 512: a finite number of MiB in (0, 2**30], else a
+ValueError naming the variable; an entry larger than the cap is not stored, said once per store
+in a warning). One entry of its own holds the seconds the latest units took, those that ran a
+compile and those that only recorded and checked against a compile their state already had
+(`CompileStore.unit_seconds`: a cold start's estimate). An unwritable folder falls back to a
+per-user temporary folder with one warning, as the model cache does; ``DRAFTGRAPH_COMPILED_DIR``
+names another folder; ``DRAFTGRAPH_COMPILED=0`` turns the store off.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,16 +45,19 @@ __all__ = ["CompileStore", "DEFAULT_MAX_BYTES", "default_compile_store", "store_
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 512 << 20
-_MAGIC = b"DGCS1 "
-_HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest, newline
+MAX_CAP_MB = 1 << 30  # DRAFTGRAPH_COMPILED_MAX_MB's largest value (1 PiB): past it, a typo
+_MAGIC = b"DGCS2 "  # v2: the digest covers the key (v1 entries, bound to no key, are refused)
+_HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest of key and payload, newline
 _KEY = re.compile(r"[0-9a-f]{64}")
 _SUFFIX = ".dgc"
+_TEMP = re.compile(r"\.[0-9a-f]{16}\.tmp(\d+)\.[0-9a-f]+")  # what `put` writes before its rename
+_TEMP_MAX_AGE_S = 3600.0  # a temporary file this old is a dead writer's, whatever its pid says
 
 
 class CompileStore:
     """Compiled entries in ``folder`` (made private here: `UnsafeFolderError` when refused),
-    at most ``max_bytes`` in all. Thread-safe; counts ``hits``, ``misses``, ``refused``,
-    ``written`` and ``evicted``."""
+    at most ``max_bytes`` in all (entries and temporary files). Thread-safe; counts ``hits``,
+    ``misses``, ``refused``, ``written``, ``evicted`` and ``temp_removed``."""
 
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -61,7 +71,11 @@ class CompileStore:
         self.refused = 0
         self.written = 0
         self.evicted = 0
+        self.temp_removed = 0  # temporary files of writers that died mid-put
+        self._warned_over_cap = False
         self._unit_figure: dict[str, tuple[int, float]] | None = None  # kind -> (units, seconds) noted
+        with self._lock:
+            self._sweep_temps()
 
     def path(self, key: str) -> Path:
         """The file of ``key`` (ValueError for a key that is not 64 hex digits)."""
@@ -125,8 +139,8 @@ class CompileStore:
         if len(head) != _HEADER or not head.startswith(_MAGIC) or head[-1:] != b"\n":
             self.refuse(key, "not a compiled entry of this format (header)")
             return None
-        if hashlib.sha256(payload).hexdigest().encode() != head[len(_MAGIC):-1]:
-            self.refuse(key, "digest mismatch (damaged or changed)")
+        if _digest(key, payload).encode() != head[len(_MAGIC):-1]:
+            self.refuse(key, "digest mismatch (damaged, changed, or written under another key)")
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: the last to be evicted
@@ -139,10 +153,13 @@ class CompileStore:
         (the store's own figures)."""
         path = self.path(key)
         if len(payload) + _HEADER > self.max_bytes:
-            logger.info("compiled entry %s not stored: %d bytes, over the store's cap of %d", path.name,
-                        len(payload), self.max_bytes)
+            first, self._warned_over_cap = not self._warned_over_cap, True
+            logger.log(logging.WARNING if first else logging.DEBUG,
+                       "compiled entry %s not stored: %d bytes, over the store's cap of %d bytes "
+                       "(DRAFTGRAPH_COMPILED_MAX_MB)%s", path.name, len(payload) + _HEADER, self.max_bytes,
+                       "; no entry this large is kept (said once)" if first else "")
             return
-        data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        data = _MAGIC + _digest(key, payload).encode() + b"\n" + payload
         fd, tmp = create_exclusive(self.folder, f".{key[:16]}.tmp", 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -184,10 +201,31 @@ class CompileStore:
         """Bytes of every entry."""
         return sum(n for _, n, _ in self.entries())
 
+    def _sweep_temps(self) -> int:
+        """Remove the temporary files of dead writers (the caller holds the lock); the bytes of
+        those still being written."""
+        live = 0
+        now = time.time()
+        for path in self.folder.glob(".*.tmp*"):
+            match = _TEMP.fullmatch(path.name)
+            if match is None:
+                continue
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                writing = _pid_alive(int(match.group(1))) and now - st.st_mtime < _TEMP_MAX_AGE_S
+                if stat.S_ISREG(st.st_mode) and writing:
+                    live += st.st_size
+                    continue
+                os.unlink(path)
+                self.temp_removed += 1
+                logger.warning("compiled-store temporary file %s removed: left by a writer that died mid-put "
+                               "(%d bytes)", path, st.st_size)
+        return live
+
     def _evict(self, keep: Path) -> None:
         with self._lock:
             entries = self.entries()
-            total = sum(n for _, n, _ in entries)
+            total = sum(n for _, n, _ in entries) + self._sweep_temps()
             for path, n, _ in entries:
                 if total <= self.max_bytes:
                     break
@@ -202,7 +240,31 @@ class CompileStore:
     def as_dict(self) -> dict[str, object]:
         """Counts and where the store lives (JSON-ready)."""
         return {"folder": str(self.folder), "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
-                "refused": self.refused, "written": self.written, "evicted": self.evicted}
+                "refused": self.refused, "written": self.written, "evicted": self.evicted,
+                "temp_removed": self.temp_removed}
+
+
+def _digest(key: str, payload: bytes) -> str:
+    """SHA-256 hex over the entry's key and its payload: an entry moved to another key's name
+    no longer matches (its code was made for the structure of its own key)."""
+    h = hashlib.sha256(b"draftgraph compiled entry\0")
+    h.update(key.encode())
+    h.update(b"\0")
+    h.update(payload)
+    return h.hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists (another user's counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < 2**31
+    return True
 
 
 # the store's own entry: the seconds of the latest compiled units (JSON), digest-checked like code
@@ -259,12 +321,13 @@ def _max_bytes() -> int:
     raw = os.environ.get("DRAFTGRAPH_COMPILED_MAX_MB", "")
     if not raw.strip():
         return DEFAULT_MAX_BYTES
+    rule = f"must be a finite number of MiB > 0 and at most {MAX_CAP_MB} (1 PiB)"
     try:
         mb = float(raw)
     except ValueError:
-        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw!r}: must be a number of MiB > 0") from None
-    if not mb > 0:
-        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw!r}: must be a number of MiB > 0")
+        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw[:100]!r}: {rule}") from None
+    if not 0 < mb <= MAX_CAP_MB:  # NaN and inf fail here too
+        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw[:100]!r}: {rule}")
     return max(1, int(mb * (1 << 20)))
 
 

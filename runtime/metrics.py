@@ -82,6 +82,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_draft_weights_updated_timestamp_seconds": (
         "gauge", "Unix time of the last draft weights update (0 before any)."),
     "draftgraph_acceptance_low": ("gauge", "1 while the acceptance watch finds the drafter no longer helping."),
+    "draftgraph_draft_misfit_warnings": ("counter", "Warnings that the draft head's first drafted token is "
+                                                    "accepted for under 5% of requests (a head that does not fit "
+                                                    "its target: format, layers, vocabulary)."),
     "draftgraph_graphs_ready_seconds": (
         "gauge", "Seconds from engine construction until no capture unit was pending (absent until then)."),
     "draftgraph_graph_units": (
@@ -97,6 +100,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_coordinator_poll_seconds": ("counter", "Wall seconds this rank spent polling."),
     "draftgraph_coordinator_reload_votes": ("counter", "Reloads this rank voted on (committed or aborted)."),
     "draftgraph_coordinator_reloads": ("counter", "Decided reloads by result (committed, aborted, rejected)."),
+    "draftgraph_coordinator_forged_values": (
+        "counter", "Store values this rank refused for a MAC that does not check (written by no rank of the run)."),
 }
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -320,6 +325,7 @@ def read_coordinator(coordinator: Any, out: Samples, labels: dict[str, str]) -> 
     out.add("draftgraph_coordinator_reload_votes", rl, st.reloads + st.aborted)
     for result, n in (("committed", st.reloads), ("aborted", st.aborted), ("rejected", st.rejected)):
         out.add("draftgraph_coordinator_reloads", {**rl, "result": result}, n)
+    out.add("draftgraph_coordinator_forged_values", rl, st.forged)
 
 
 # ---- registration ---------------------------------------------------------------------------------

@@ -258,7 +258,8 @@ class ReloadMixin:
         if prepared.generation != slot.generation:
             raise ReloadError(f"prepared reload to {prepared.args.speculative} is stale: prepared at "
                               f"generation {prepared.generation}, the worker is at {slot.generation}")
-        slot.commit(prepared.args, prepared.state).release()
+        for old in slot.commit(prepared.args, prepared.state):
+            old.release()
         self.reload_log.record(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
         logger.info("reloaded to %s (%s) in %.3f s", prepared.args.speculative, prepared.policy,
                     self.reload_history[-1]["seconds"])

@@ -30,13 +30,14 @@ __all__ = ["StateSlot"]
 class StateSlot:
     """Lock, active state, args + generation, pending reload of one worker."""
 
-    __slots__ = ("_args", "_generation", "_pending", "_state", "_step_thread", "host", "lock",
+    __slots__ = ("_args", "_committed", "_generation", "_pending", "_state", "_step_thread", "host", "lock",
                  "superseded", "superseded_unreported")
 
     def __init__(self, args: RuntimeArgs, state: RuntimeState) -> None:
         self.lock = threading.RLock()  # steps, overrides, switches and reloads take it
         self._args = args
         self._state = state
+        self._committed = state  # the state this generation began with (a switch may leave it)
         self._generation = 0
         self._pending: tuple[RuntimeArgs, str] | None = None
         self.host: str | None = None  # who drives the steps (an engine), None: the worker itself
@@ -72,13 +73,17 @@ class StateSlot:
             previous, self._state = self._state, state
             return previous
 
-    def commit(self, args: RuntimeArgs, state: RuntimeState) -> RuntimeState:
+    def commit(self, args: RuntimeArgs, state: RuntimeState) -> tuple[RuntimeState, ...]:
         """Make ``state`` (built from ``args``) active and start the next generation; returns
-        the previous state (the caller releases it)."""
+        the states the ending generation leaves, which the caller releases: the previous active
+        one, and the one that generation began with when a switch left it (an adaptive step
+        change to a candidate: nothing else releases it, and no state of an older generation
+        is ever served again)."""
         with self.lock:
-            previous = self._state
+            previous, began = self._state, self._committed
             self._args, self._state, self._generation = args, state, self._generation + 1
-            return previous
+            self._committed = state
+            return (previous,) if began is previous else (previous, began)
 
     def request(self, args: RuntimeArgs, policy: str) -> tuple[RuntimeArgs, str] | None:
         """Record a reload for the serving thread (reference writes and a deque append: safe

@@ -19,7 +19,7 @@ import torch
 
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
 from draftgraph.graphs.backend_compile import inductor_cache_dir
-from draftgraph.graphs.compile_worker import CompileWorker
+from draftgraph.graphs.compile_pool import CompilePool
 
 from .budget import check_state_budget, check_states_budget, largest_capture_size
 from .capture_queue import CaptureQueue
@@ -72,7 +72,8 @@ class EagleDraftWorkerBase(ReloadMixin):
         self._state_bytes_limit = args.max_state_bytes  # the operator's: a reload only lowers it
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
         self.capture_queue = CaptureQueue(lambda: self.slot.active)
-        self._compile_process: CompileWorker | None = None
+        self.capture_queue.interrupt_at_exit = self._close_compile_processes
+        self._compile_process: CompilePool | None = None
         self.phase_provider: PhaseProvider | None = None  # the host's phases (see `set_phase_provider`)
 
     # ---- configuration views -------------------------------------------------------------
@@ -407,12 +408,22 @@ class EagleDraftWorkerBase(ReloadMixin):
             return self._capture_into(self.slot.active, backend)
 
     @property
-    def compile_process(self) -> CompileWorker:
-        """The process that compiles this worker's background captures (spawned at its first
-        compile, off this process's interpreter lock; see `graphs.compile_worker`)."""
+    def compile_process(self) -> CompilePool:
+        """The processes that compile this worker's background captures (one, spawned at its
+        first compile, off this process's interpreter lock; see `graphs.compile_worker`; more
+        with `set_compile_processes`)."""
         if self._compile_process is None:
-            self._compile_process = CompileWorker(str(inductor_cache_dir()))
+            self._compile_process = CompilePool(str(inductor_cache_dir()))
         return self._compile_process
+
+    def set_compile_processes(self, n: int) -> None:
+        """Compile in up to ``n`` processes at once (an int >= 1; default 1): more only while
+        nothing is served beside them (a fill before serving), since each takes a core."""
+        self.compile_process.set_size(n)
+
+    def _close_compile_processes(self) -> None:
+        if self._compile_process is not None:
+            self._compile_process.close()
 
     def compile_process_figures(self) -> dict[str, Any] | None:
         """The compile process's counts and seconds (None when it never ran)."""

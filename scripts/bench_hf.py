@@ -3,9 +3,9 @@
 cache; static cache, also compiled; float64, and float32 for reference), assisted generation (a
 1-layer Llama assistant distilled from the target's greedy outputs), prompt-lookup decoding, and
 draftgraph's `SpecDecodeEngine` serving the same checkpoint through `load_target` with the
-embedded EAGLE head (chain S=3): eager, graphs (``backend="auto"``, every graph captured before
-timing: the draft step, the CPU default) and graphs+phases (the target verify and draft extend
-captured too).
+trained embedded EAGLE head (chain S=3): eager, graphs (``backend="auto"``, ``capture="fill"``:
+every graph captured before timing; the draft step, the CPU default) and graphs+phases (the
+target verify and draft extend captured too).
 
 One process; every system runs once per round, rounds alternate the order (A B C ... then
 reversed); medians over rounds. At 4 requests ``generate`` runs the 4 prompts as one left-padded
@@ -42,7 +42,8 @@ from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, S
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models, greedy_generate, model_cache_dir
 from draftgraph.runtime.models.corpus import held_out_prompts, load_corpus
-from draftgraph.runtime.models.hf_convert import load_embedded, save_llama
+from draftgraph.runtime.models.hf_convert import save_transformers
+from draftgraph.runtime.models.hf_load import load_target
 from draftgraph.runtime.models.target import TargetConfig, TargetModel
 from draftgraph.runtime.models.tokenizer import EOS_ID
 from draftgraph.runtime.models.training import TrainPlan, distill_data
@@ -103,7 +104,7 @@ def assistant_folder(target: TargetModel, quick: bool) -> Path:
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
         tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-        save_llama(train_assistant(target, steps, plan), tmp)
+        save_transformers(train_assistant(target, steps, plan), tmp)
         try:  # whole or not at all: another process may have finished first
             os.replace(tmp, folder)
         except OSError:
@@ -173,15 +174,15 @@ def _hf_systems(folder: Path, assistant: Path, prompts: list[list[int]], n: int,
 
 def _engines(folder: Path, head: Any, max_len: int, phases: bool, graph_backend: str
              ) -> dict[str, SpecDecodeEngine]:
-    target, draft = load_embedded(folder, head, "float64", max_len=max_len)
+    target, draft = load_target(folder, "float64", max_len=max_len), head  # HFTarget's default feature: the head's
     args = RuntimeArgs(SPEC, CudaGraphConfig(PhaseGraphConfig(bs=(1, 4))), max_running_requests=4)
     out = {"draftgraph eager": SpecDecodeEngine(args, target, draft, backend="eager")}
     start = time.perf_counter()
-    out["draftgraph graphs"] = SpecDecodeEngine(args, target, draft, backend=graph_backend, capture="blocking")
+    out["draftgraph graphs"] = SpecDecodeEngine(args, target, draft, backend=graph_backend, capture="fill")
     print(f"graphs ({graph_backend}, draft step) captured in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if phases:
         start = time.perf_counter()
-        out["draftgraph graphs+phases"] = SpecDecodeEngine(args, target, draft, backend="auto", capture="blocking",
+        out["draftgraph graphs+phases"] = SpecDecodeEngine(args, target, draft, backend="auto", capture="fill",
                                                            graph_phases=("verify", "extend"))
         print(f"graphs (auto, draft, verify, extend) captured in {time.perf_counter() - start:.0f} s",
               file=sys.stderr)
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     phases = not (a.quick or a.no_phases)
     target, head = default_models()
     tmp = tempfile.TemporaryDirectory(prefix="bench_hf-")
-    folder = save_llama(target, Path(tmp.name) / "target")
+    folder = save_transformers(target, Path(tmp.name) / "target")
     assistant = assistant_folder(target, a.quick)
     rows, records, engines = [], [], {}
     per_round: dict[int, dict[str, list[float]]] = {}

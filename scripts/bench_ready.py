@@ -17,6 +17,12 @@
    ready) less the same engine's capturing size 1 only, over the units between them; and what
    graphs hold whatever the sizes (size 1 only less "eager"). Target: <= 2 MB a size.
 
+6. The newcomer's sequence (issue 41), with an empty store and inductor cache (the models from
+   the user's cache): ``draftgraph simulate --backend eager``, the default ``draftgraph simulate``
+   (`make demo`) twice, eager again; each run's loop tokens/s against the two eager runs' mean,
+   the steps served from graphs, when every graph was ready and the wall time. Target: every
+   default run >= 0.95x eager (``--newcomer-only``: only this case).
+
 Each case runs in a process of its own (start-up is what is measured). ``--quick`` (CI): only the
 store's own cost, a put and a get of one entry-sized payload (no compile). ``--serve-only``: only
 case 4 (``--serve-rounds``, ``--warm-inductor``); ``--memory-only``: only case 5.
@@ -41,6 +47,7 @@ COLD_TARGET_S = 60.0
 DEMO_REPLAY_TARGET = 0.9
 DEMO_WALL_TARGET_S = 10.0
 MEMORY_TARGET_MB = 2.0
+NEWCOMER_TARGET = 0.95
 
 _CHILD = """
 import gc, json, os, time
@@ -234,6 +241,41 @@ def _demo(env: dict[str, str]) -> tuple[dict[str, Any], float]:
     return json.loads(p.stdout), wall
 
 
+def _simulate(env: dict[str, str], *flags: str) -> tuple[dict[str, Any], float]:
+    start = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "simulate", "--json", *flags],
+                       env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    if p.returncode != 0:
+        raise RuntimeError(f"simulate {' '.join(flags)} failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout), wall
+
+
+def _newcomer_case(env: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Case 6: eager, the default demo twice, eager again, on an empty store and inductor cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cold = {**env, "DRAFTGRAPH_COMPILED_DIR": os.path.join(tmp, "compiled"),
+                "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+        runs = [("eager", *_simulate(cold, "--backend", "eager")), ("demo 1 (cold)", *_simulate(cold)),
+                ("demo 2", *_simulate(cold)), ("eager again", *_simulate(cold, "--backend", "eager"))]
+    eager = statistics.mean(r["tokens_per_s"] for name, r, _ in runs if name.startswith("eager"))
+    rows, records = [], []
+    for name, r, wall in runs:
+        ratio = r["tokens_per_s"] / eager
+        steps = r["verify_steps"]
+        row = {"case": f"newcomer: {name}", "tokens_per_s": r["tokens_per_s"], "vs_eager": ratio,
+               "vs_eager_same_run": r.get("vs_eager"), "capture": r.get("capture"),
+               "graph_steps": f"{r['graph_replays']} of {steps}" if name.startswith("demo") else "-",
+               "ready_s": r.get("graphs_ready_s") if name.startswith("demo") else None, "wall_s": wall}
+        rows.append(row)
+        if name.startswith("demo"):
+            records.append(record("ready", f"newcomer {name}: loop tokens/s against eager", {"eager": eager},
+                                  "ratio", [ratio], backend="auto",
+                                  targets=[target(f"auto >= {NEWCOMER_TARGET:g}x eager", ratio, ">=",
+                                                  NEWCOMER_TARGET)]))
+    return rows, records
+
+
 def _quick() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from draftgraph.runtime.compile_store import CompileStore
 
@@ -267,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--memory-only", action="store_true", help="only case 5, host memory per captured size")
     p.add_argument("--neighbours", action="store_true",
                    help="only: serving alone vs beside a CPU-only and a memory-streaming process (why case 4 loses)")
+    p.add_argument("--newcomer-only", action="store_true",
+                   help="only case 6: eager, `make demo` twice, eager again on an empty store")
     p.add_argument("--serve-rounds", type=int, default=2)
     p.add_argument("--warm-inductor", action="store_true",
                    help="case 4 with the user's inductor cache (units finish sooner: more recording here)")
@@ -282,6 +326,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.neighbours:
         rows, records = _neighbour_case(env, a.serve_s, a.serve_rounds)
         return emit("ready", rows, ["case", "tokens_per_s", "ratio"], {"records": records}, a.json)
+    newcomer_cols = ["case", "tokens_per_s", "vs_eager", "vs_eager_same_run", "capture", "graph_steps", "ready_s",
+                     "wall_s"]
+    if a.newcomer_only:
+        rows, records = _newcomer_case(env)
+        return emit("ready", rows, newcomer_cols, {"records": records}, a.json)
     if a.memory_only:
         _child(env, 1800.0)  # fills the store when it is not
         rows, records = _memory_case(env, _child(env, 600.0))
@@ -328,9 +377,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           targets=[target(f"demo wall <= {DEMO_WALL_TARGET_S:g} s (warm)", wall, "<=",
                                           DEMO_WALL_TARGET_S)]))
     serve_rows, serve_records = _serving_case(env, a)
-    rows += serve_rows + memory_rows
-    records += serve_records + memory_records
-    cols = ["case", "ready_s", "startup_s", "compiled", "loaded", "shared", "wall_s", "replay_share", "ratio",
+    newcomer_rows, newcomer_records = _newcomer_case(env)
+    rows += serve_rows + memory_rows + newcomer_rows
+    records += serve_records + memory_records + newcomer_records
+    cols = ["case", "vs_eager", "graph_steps", "ready_s", "startup_s", "compiled", "loaded", "shared", "wall_s",
+            "replay_share", "ratio",
             "tokens_per_s", "baseline_tokens_per_s", "units_done", "mb_per_size", "fixed_mib"]
     return emit("ready", rows, cols, {"demo": {k: demo.get(k) for k in ("eager_steps_by_reason", "graph_replays",
                                                                           "verify_steps", "tokens_per_s")},

@@ -154,7 +154,7 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
     monkeypatch.setattr(simulate, "CLOSE_TIMEOUT_S", 0.5, raising=False)
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2))), max_running_requests=2)
     cfg = simulate.SimulationConfig(args=args, backend="trace", requests=2, adaptive_steps=(), greedy=False,
-                                    progress=False, min_new=4, max_new=6)
+                                    progress=False, min_new=4, max_new=6, capture="background")
     box: list = []
     t = threading.Thread(target=lambda: box.append(simulate.run_simulation(cfg, sighup=None)), daemon=True)
     t.start()

@@ -47,6 +47,20 @@ DRIVER = textwrap.dedent("""
             if len(calls) == 6:
                 raise KeyboardInterrupt
         wrap(SpecDecodeEngine, "step", ctrl_c)
+    elif moment == "bar":        # SIGHUP at the engine's 3rd step, the progress bar on stderr
+        import time
+        calls = []
+        def hup_at_3():
+            calls.append(1)
+            if len(calls) == 3:
+                hup()
+                time.sleep(0.5)  # the reader thread answers while the bar is shown
+        wrap(SpecDecodeEngine, "step", hup_at_3)
+    elif moment == "exit":       # while the interpreter tears down, after its own signal handling ended
+        class Late:
+            def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGHUP):
+                kill(pid, sig)
+        late = Late()
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -91,6 +105,29 @@ def test_sighup_after_the_loop_is_logged_not_fatal(tmp_path):
     assert "SIGHUP after the serving loop ended: ignored" in p.stderr
     r = json.loads(p.stdout)
     assert r["reloads"]["requested"] == 0 and r["lossless"] is True
+
+
+def test_sighup_while_the_process_exits_is_not_fatal(tmp_path):
+    """Issue 40: Python gives SIGHUP its default action back while it finalizes; a SIGHUP then
+    ended the process (exit -1 after a whole run)."""
+    p = _run("exit", *SIM, "--reload-config", _reload_file(tmp_path))
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert json.loads(p.stdout)["lossless"] is True
+
+
+def test_a_rejected_reload_is_logged_on_a_line_of_its_own_not_on_the_progress_bar(tmp_path):
+    """Issue 40: the rejection was appended to the bar's line (``draftgraph simulate: 40%|... reload
+    rejected``). tqdm clears its line with carriage returns: the message must follow a newline or a
+    cleared line, never the bar's text."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"speculative": {"num_steps": "many"}}')
+    p = _run("bar", "simulate", "--requests", "4", "--backend", "eager", "--adaptive", "", "--no-greedy",
+             "--reload-config", str(bad))
+    assert p.returncode == 0, p.stderr[-2000:]
+    at = p.stderr.index("reload rejected")
+    line = p.stderr[:at].rsplit("\n", 1)[-1]  # what the terminal shows before it on its line
+    assert line.rsplit("\r", 1)[-1].strip() == "", repr(line[-300:])
+    assert "draftgraph simulate" in p.stderr  # the bar was there
 
 
 def test_sighup_while_generate_loads_is_not_fatal():

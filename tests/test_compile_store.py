@@ -116,6 +116,113 @@ def test_bad_keys_and_caps(tmp_path):
         CompileStore(tmp_path / "t", max_bytes=0)
 
 
+_KILLED_WRITER = """
+import os, sys
+from draftgraph.runtime.compile_store import CompileStore
+store = CompileStore(sys.argv[1], max_bytes=8 << 20)
+os.replace = lambda *a, **k: os.kill(os.getpid(), 9)  # killed between the write and the rename
+store.put("a" * 64, b"x" * (2 << 20))
+"""
+
+
+def _on_disk(folder) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+def test_a_temp_file_of_a_writer_killed_mid_put_is_removed_at_open(tmp_path, caplog):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "s"
+    p = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(folder)], capture_output=True, timeout=120)
+    assert p.returncode == -9, p.stderr[-2000:]
+    left = [f for f in folder.iterdir() if ".tmp" in f.name]
+    assert len(left) == 1 and left[0].stat().st_size > 2 << 20  # what issue 40 found: never removed
+    with caplog.at_level(logging.WARNING):
+        store = CompileStore(folder, max_bytes=1 << 20)
+    assert not left[0].exists() and store.temp_removed == 1
+    assert left[0].name in caplog.text and "died mid-put" in caplog.text
+    assert _on_disk(folder) == 0
+
+
+def test_temp_files_being_written_count_under_the_cap(tmp_path):
+    from draftgraph.runtime.private_dir import create_exclusive
+
+    store = CompileStore(tmp_path / "s", max_bytes=2000)
+    fd, live = create_exclusive(store.folder, f".{'d' * 16}.tmp", 0o600)  # this process: a live writer
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(b"t" * 700)
+    store.put(KEY_A, b"a" * 600)
+    store.put(KEY_B, b"b" * 600)
+    assert live.exists() and store.temp_removed == 0  # a live writer's file is left alone
+    assert _on_disk(store.folder) <= 2000 and store.evicted == 1
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "1e400", "-1", "0", "abc", str(2**31)])
+def test_a_bad_cap_variable_is_a_value_error_naming_it(monkeypatch, raw):
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED_MAX_MB", raw)
+    with pytest.raises(ValueError, match=r"DRAFTGRAPH_COMPILED_MAX_MB=.*finite number of MiB > 0"):
+        default_compile_store()
+
+
+def test_a_cap_too_small_for_any_entry_says_so_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED_DIR", str(tmp_path / "s"))
+    monkeypatch.setenv("DRAFTGRAPH_COMPILED_MAX_MB", "0.0001")  # 104 bytes
+    store = default_compile_store()
+    assert store is not None and store.max_bytes == 104
+    with caplog.at_level(logging.WARNING):
+        store.put(KEY_A, b"a" * 1000)
+        store.put(KEY_B, b"b" * 1000)
+    assert store.get(KEY_A) is None and store.total_bytes() == 0
+    warned = [r for r in caplog.records if "over the store's cap" in r.getMessage()]
+    assert len(warned) == 1 and "DRAFTGRAPH_COMPILED_MAX_MB" in warned[0].getMessage()
+
+
+def test_entries_renamed_among_their_keys_are_refused_and_removed(tmp_path, caplog):
+    """Issue 40: the digest covered the payload only, so a valid entry renamed to another key
+    loaded there. The digest now covers the key too."""
+    store = CompileStore(tmp_path / "s")
+    store.put(KEY_A, b"code of a")
+    store.put(KEY_B, b"code of b")
+    a, b = store.path(KEY_A), store.path(KEY_B)
+    tmp = a.with_name("swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+    with caplog.at_level(logging.WARNING):
+        assert store.get(KEY_A) is None and store.get(KEY_B) is None
+    assert store.refused == 2 and not a.exists() and not b.exists()
+    assert "another key" in caplog.text
+
+
+def test_entry_manifests_bind_their_key_and_structure():
+    from draftgraph.graphs.compiled_entry import check_request, check_tensors, describe_request, describe_tensors
+
+    x, y = torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.int64)
+    request = describe_request("step S=3", 2, (x, y))
+    manifest = {"key": KEY_A, "request": request}
+    check_request(manifest, KEY_A, request)
+    with pytest.raises(EntryError, match="made under key aaaa.*found under bbbb"):
+        check_request(manifest, KEY_B, request)
+    with pytest.raises(EntryError, match="structure"):
+        check_request(manifest, KEY_A, describe_request("step S=2", 2, (x, y)))
+    with pytest.raises(EntryError, match="inputs"):
+        check_request(manifest, KEY_A, describe_request("step S=3", 2, (x, y.float())))
+    with pytest.raises(EntryError, match="no description"):
+        check_request({"key": KEY_A}, KEY_A, request)
+    symbolic = describe_request("step S=3", None, (x, y))
+    assert symbolic["size"] == "symbolic" and symbolic["inputs"][0]["shape"] == [3]
+    described = describe_tensors((x, y), ["fresh", "input"])
+    assert described[1] == {"role": "input", "shape": [2, 4], "dtype": "int64"}
+    check_tensors(described, (x, y), "output")
+    with pytest.raises(EntryError, match=r"output 1: the entry describes .*bound \[2, 3\]"):
+        check_tensors(described, (x, x), "output")
+    with pytest.raises(EntryError, match="describes 2, 1 bound"):
+        check_tensors(described, (x,), "output")
+
+
 def test_an_unusable_folder_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

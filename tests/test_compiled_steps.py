@@ -168,6 +168,55 @@ def test_identical_graphs_compile_once(stored_folder, tmp_path, monkeypatch):
     assert store.written == len(SIZES)
 
 
+def _renamed_among_keys(src: Path, dst: Path, store: CompileStore) -> dict[str, str]:
+    """Every code entry of ``src`` (per-size and symbolic, two structures) written into ``dst`` under
+    another entry's key (a rotation), each signed for its new name as the same user could: the
+    store's digest is intact. Returns new key -> the key it was made under."""
+    keys = [p.stem for p in _code_entries(src)]
+    source = CompileStore(src)
+    moved = {}
+    for i, key in enumerate(keys):
+        other = keys[(i + 1) % len(keys)]
+        store.put(other, source.get(key), count=False)
+        moved[other] = key
+    return moved
+
+
+@pytest.mark.parametrize("symbolic", ["0", "1"], ids=["per-size", "symbolic"])
+def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_path, monkeypatch, caplog, symbolic):
+    """Issue 40: valid entries renamed among their keys were loaded and run as another
+    structure's code (the run died: ``top_scores_index (1, 2) ... must be [1, 4]``). Each is
+    refused before it runs, removed, compiled again; the outputs equal eager."""
+    monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", symbolic)
+    specs = [SpeculativeConfig(3, 2, 6), SpeculativeConfig(2, 2, 5)]  # the same sizes, another S
+    good = tmp_path / "good"
+    _use_store(monkeypatch, good)
+    for spec in specs:
+        w = EagleDraftWorker(RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=SIZES))), TinyDraftModel(seed=0))
+        w.capture_graphs("compile", background=False)
+        w.stop_capture(60)
+    assert len(_code_entries(good)) == (2 if symbolic == "1" else 2 * len(SIZES))
+    bad = tmp_path / "bad"
+    store = _use_store(monkeypatch, bad)
+    moved = _renamed_among_keys(good, bad, store)
+    with caplog.at_level(logging.WARNING):
+        for spec in specs:
+            w = EagleDraftWorker(RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=SIZES))), TinyDraftModel(seed=0))
+            w.capture_graphs("compile", background=False)
+            assert set(_sources(w).values()) == {"recorded"}
+            eager = EagleDraftWorker(RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=SIZES))),
+                                     TinyDraftModel(seed=0))
+            for b, seed in ((1, 5), (2, 6)):
+                for g, e in zip(_outputs(w, b, seed), _outputs(eager, b, seed)):
+                    torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+            w.stop_capture(60)
+    assert store.refused == len(moved)
+    assert caplog.text.count("made under key") == len(moved)
+    again = CompileStore(bad)
+    for key in moved:  # compiled again: each key holds its own code now
+        assert again.get(key) is not None
+
+
 @pytest.mark.slow
 def test_a_fresh_process_loads_every_size(stored_folder):
     script = textwrap.dedent(f"""

@@ -29,7 +29,12 @@ from draftgraph.runtime import (
     SpeculativeConfig,
     install_reload_signal,
 )
-from draftgraph.runtime.ranks.coordinator import ProposalRejected, RankCoordinator, RankMismatchError
+from draftgraph.runtime.ranks.coordinator import (
+    ProposalRejected,
+    RankCoordinator,
+    RankDivergenceError,
+    RankMismatchError,
+)
 from draftgraph.runtime.ranks.launch import RankLaunchError, spawn_ranks
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
@@ -186,12 +191,83 @@ def scenario_stamp(rank, world):
 def scenario_diverged(rank, world):
     worker = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 1)), TinyDraftModel())
     coord = RankCoordinator(worker, poll_every=POLL, timeout_s=30.0, name="diverged")
+    stopped = None
     for t in range(2 * POLL + 1):
         if t == 2 and rank == 1:
             worker.reload(RuntimeArgs(SpeculativeConfig(2, 1)))  # behind the coordinator's back
-        coord.step()
+        if stopped is None:
+            try:
+                coord.step()
+            except RankDivergenceError as exc:  # a real server stops here; the test keeps lockstep
+                stopped = (t, str(exc))
         dist.all_reduce(torch.zeros(1))
-    return {"faults": coord.stats.faults, "last_error": coord.last_error}
+    return {"faults": coord.stats.faults, "last_error": coord.last_error, "stopped": stopped}
+
+
+_FORGER = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
+from draftgraph.runtime.ranks import wire
+port, ns = int(sys.argv[1]), sys.argv[2]
+store = dist.PrefixStore(ns, dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10)))
+for r in range(64):  # the leader's words, written ahead of it: another adaptive choice
+    store.set(f"round/{r}", b"1,0,0")
+store.set("proposal", wire.encode_proposal(0, RuntimeArgs(SpeculativeConfig(2, 1)), "swap"))
+print("written")
+"""
+
+
+def scenario_forged(rank, world):
+    """A second local process writes schema-valid round words and a reload proposal into the
+    store before the ranks poll (issue 40: the ranks diverged silently). Each value is refused
+    for its MAC; the ranks serve identically."""
+    import subprocess
+    import sys
+
+    base = dist.distributed_c10d._get_default_store()
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    client = dist.TCPStore(base.host, base.port, None, False, timeout=base.timeout)  # keys as the forger sees them
+    worker = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(4, 1)), TinyDraftModel())
+    coord = RankCoordinator(worker, poll_every=4, timeout_s=30.0, store=client, name="forged")
+    ctl = AdaptiveStepController(worker, [1, 2, 3, 4], alpha=0.3, coordinator=coord, backend="trace")
+    forger = None
+    if rank == 0:
+        forger = subprocess.run([sys.executable, "-c", _FORGER, str(base.port), "draftgraph/forged/world/1/"],
+                                capture_output=True, text=True, timeout=120)
+    ok = torch.tensor([forger is None or (forger.returncode == 0 and "written" in forger.stdout)], dtype=torch.int32)
+    dist.broadcast(ok, 0)  # every rank waits for the forger, and all stop together if it failed
+    if not ok.item():
+        return {"forger_failed": forger.stderr[-2000:] if forger is not None else "on rank 0"}
+    gen = torch.Generator().manual_seed(rank)
+    inp = make_draft_input(2, 1)
+    states = []
+    for t in range(48):
+        generation = coord.step()
+        level = 3.5 if (t // 16) % 2 == 0 else 0.5
+        s = ctl.step(max(0.0, level + float(torch.randn(1, generator=gen))))
+        worker.draft_forward(inp)
+        dist.all_reduce(torch.zeros(1))
+        states.append((generation, s, worker.spec.num_steps))
+    return {"states": states, "forged": coord.stats.forged, "faults": coord.stats.faults,
+            "reloads": coord.stats.reloads}
+
+
+def scenario_secret(rank, world):
+    """The run's secret reached this rank, and not through its command line or environment."""
+    import hashlib
+
+    from draftgraph.runtime.ranks.auth import process_secret
+
+    secret = process_secret()
+    leaks = []
+    for name in ("cmdline", "environ"):
+        with open(f"/proc/self/{name}", "rb") as f:
+            text = f.read()
+        leaks += [name for form in (secret, secret.hex().encode()) if secret and form in text]
+    return {"digest": hashlib.sha256(secret).hexdigest() if secret else None, "leaks": leaks}
 
 
 def scenario_unresponsive(rank, world):
@@ -262,6 +338,8 @@ def run_all(rank, world):
         "concurrent": lambda: scenario_concurrent(rank, world),
         "stamp": lambda: scenario_stamp(rank, world),
         "diverged": lambda: scenario_diverged(rank, world),
+        "forged": lambda: scenario_forged(rank, world),
+        "secret": lambda: scenario_secret(rank, world),
         "store_keys": lambda: scenario_store_keys(rank, world),
         "unresponsive": lambda: scenario_unresponsive(rank, world),  # last: it leaves rank 2 behind
     }
@@ -368,11 +446,33 @@ def test_zero_collective_mode_reloads_at_same_step(ranks):
     check_reload_everywhere(records, proposer=1)
 
 
-def test_reload_outside_the_coordinator_is_reported_once(ranks):
+def test_a_reload_outside_the_coordinator_stops_that_rank_loudly_at_the_next_poll(ranks):
+    """Issue 40: the fingerprint of (generation, state) in every poll word; a rank that serves
+    something else stops with RankDivergenceError instead of serving on."""
     records = result(ranks, "diverged")
     assert records[0]["faults"] == 0 and records[2]["faults"] == 0
-    assert records[1]["faults"] == 1  # reported at the first poll after it, not at every poll
-    assert "serves generation 1, the leader serves 0" in records[1]["last_error"]
+    assert records[0]["stopped"] is None and records[2]["stopped"] is None
+    t, message = records[1]["stopped"]
+    assert t == POLL  # the first poll after the reload at step 2
+    assert "rank 1 diverged from the leader at step 4: it serves generation 1" in message
+    assert "the leader generation 0" in message
+
+
+def test_forged_store_values_from_another_process_are_refused_and_the_ranks_stay_identical(ranks):
+    """Issue 40: schema-valid words written ahead of the leader made the ranks diverge silently."""
+    records = result(ranks, "forged")
+    assert records[0]["states"] == records[1]["states"] == records[2]["states"]
+    assert {g for g, _, _ in records[0]["states"]} == {0}  # the forged proposal never ran
+    assert len({s for _, s, _ in records[0]["states"]}) > 1  # the leader's own choices were served
+    assert records[0]["forged"] >= 1  # the leader refused the words it found ahead of it
+    assert all(r["reloads"] == 0 and r["faults"] == 0 for r in records)
+
+
+def test_the_run_secret_reaches_every_rank_privately(ranks):
+    records = result(ranks, "secret")
+    assert records[0]["digest"] is not None
+    assert records[0]["digest"] == records[1]["digest"] == records[2]["digest"]
+    assert all(r["leaks"] == [] for r in records)
 
 
 def test_unresponsive_rank_aborts_within_timeout_and_serving_continues(ranks):

@@ -69,6 +69,9 @@ def test_python_way_in_and_stats(folders):
         models = engine.stats()["models"]
         assert models["target"]["architecture"] == "LlamaForCausalLM" and models["target"]["max_len"] == 64
         assert models["draft"]["fmt"] == "eagle1" and models["draft"]["feature_layers"] == (-1,)
+        served = engine.drafter.head  # the engine's copy of the head shares the target's tensors
+        assert served is not head and served.embed_w.data_ptr() == target.embed.weight.data_ptr()
+        assert served.lm_w.data_ptr() == target.model.get_output_embeddings().weight.data_ptr()
     finally:
         engine.close()
 

@@ -80,7 +80,23 @@ def test_eagle1_engine_is_generate_eager(folders, expected, family, shape):
     assert _serve(target, head, SPECS[shape], "eager") == expected[family]
 
 
-@pytest.mark.parametrize("family, shape", [("llama", "chain"), ("qwen3", "tree")])
+def test_eagle1_head_with_qkv_bias(folders, expected, tmp_path):
+    """A head for a Qwen2 target carries q/k/v biases (and a bias-free fc): the weights say so."""
+    sd = head_tensors("eagle1", layers=2)
+    del sd["fc.bias"]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        for i in range(2):
+            sd[f"layers.{i}.self_attn.{name}.bias"] = torch.full((sd[f"layers.{i}.self_attn.{name}.weight"].shape[0],),
+                                                                 0.05)
+    folder = save_head(tmp_path / "h", "eagle1", layers=2, tensors=sd, bias=False)
+    target, head = load_models(folders["qwen2"], folder, "float64", max_len=MAX_LEN)
+    attn = head.layers[1].self_attn
+    assert head.fc.bias is None and attn.q_proj.bias is not None and attn.o_proj.bias is None
+    assert _serve(target, head, TREE, "eager") == expected["qwen2"]
+
+
+# llama's chain on trace is in the fast tier through the refit / reload test below
+@pytest.mark.parametrize("family, shape", [pytest.param("llama", "chain", marks=pytest.mark.slow), ("qwen3", "tree")])
 def test_eagle1_engine_is_generate_trace(folders, expected, family, shape):
     """The trace backend: the draft step, the verify and the extend all replayed as graphs."""
     target, head = load_models(folders[family], folders["eagle1"], "float64", max_len=MAX_LEN)
@@ -251,3 +267,29 @@ def test_attention_refuses_what_it_does_not_implement(folders):
         draftgraph_attention(layer, q, kv, kv, None, s_aux=torch.zeros(4), **{CONTEXT_KEY: ctx})
     with pytest.raises(ValueError, match="attention keyword 'softcap' is not implemented"):
         draftgraph_attention(layer, q, kv, kv, None, softcap=30.0, **{CONTEXT_KEY: ctx})
+
+
+def test_a_random_head_is_flagged_as_not_fitting(folders, caplog):
+    """A head that accepts about nothing (random weights here; in the field a wrong format or
+    wrong EAGLE-3 layers) trips the first-token alarm, counted in stats and metrics."""
+    import logging
+
+    from draftgraph.runtime.engine import AcceptanceWatch
+    from draftgraph.runtime.engine.metrics import read_engine
+    from draftgraph.runtime.metrics import Samples
+
+    target, head = load_models(folders["llama4"], folders["eagle3"], "float64", max_len=MAX_LEN)
+    args = RuntimeArgs(CHAIN, CudaGraphConfig(PhaseGraphConfig(bs=(4,))), max_running_requests=4)
+    engine = SpecDecodeEngine(args, target, head, backend="eager", acceptance_watch=AcceptanceWatch(window_steps=4))
+    try:
+        with caplog.at_level(logging.WARNING, logger="draftgraph.runtime.engine.acceptance"):
+            engine.generate([list(p) for p in PROMPTS], MAX_NEW)
+        watch = engine.stats()["acceptance_watch"]
+        assert watch["misfit_warnings"] >= 1
+        assert any("accepts about nothing" in r.getMessage() for r in caplog.records)
+        samples = Samples()
+        read_engine(engine, samples, {})
+        family = next(f for f in samples.families() if f.name == "draftgraph_draft_misfit_warnings")
+        assert family.type == "counter" and family.samples[0].value == watch["misfit_warnings"]
+    finally:
+        engine.close()

@@ -332,3 +332,25 @@ def test_ops_mode_without_windows_is_capped(tmp_path, monkeypatch, caplog, nvtx_
     summary = profiler.close()
     assert summary["steps_recorded"] == 3 and summary["capped_at"] == 3
     assert "--profile-steps" in caplog.text
+
+
+@pytest.mark.parametrize("windows", [[(0, 10**20)], [(0, 1), (2, 10**20)]], ids=["one-huge", "two"])
+def test_ops_mode_with_an_explicit_huge_window_gets_the_same_cap(tmp_path, monkeypatch, caplog, nvtx_off,
+                                                                   make_engine, windows):
+    """Issue 40: ``--profile-steps 0-10**20`` recorded without a cap (RSS 1,181 vs 186 MiB)."""
+    from draftgraph.runtime.engine import profiling
+
+    monkeypatch.setattr(profiling, "MAX_OPS_STEPS", 3)
+    eng = _loaded(make_engine())
+    profiler = eng.profiler = StepProfiler(tmp_path, windows, cuda_profiler=False)
+    for _ in range(3):
+        eng.step()
+    at_cap = _retained(profiler)
+    for _ in range(4):
+        eng.step()
+    assert not profiler.recording
+    assert _retained(profiler) == at_cap > 0  # nothing more held after the cap
+    eng.profiler = None
+    summary = profiler.close()
+    assert summary["steps_recorded"] == 3 and summary["capped_at"] == 3
+    assert "MAX_OPS_STEPS" in caplog.text and "--profile-steps" in caplog.text

@@ -242,3 +242,15 @@ def test_cli_schedule_flags(capsys):
     assert all(b["capture_sizes"] == [] for b in out["schedule"]) and "graph_phases" not in out
     assert cli.main(["info", "--schedule", "2:5"]) == 2
     assert "the first threshold is 2" in capsys.readouterr().err
+
+
+def test_cli_schedule_with_adaptive_is_refused_naming_both(capsys):
+    """Issue 40: ``--schedule`` with ``--adaptive`` silently dropped the candidates (the run served
+    the schedule). Refused before the models load; ``--adaptive ''`` (off) is consistent."""
+    from draftgraph.runtime.engine import cli
+
+    flags = ["simulate", "--schedule", "1:3,4:1", "--requests", "1", "--no-greedy", "--backend", "eager",
+             "--max-loop-steps", "3", "--json"]
+    assert cli.main([*flags, "--adaptive", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert "--adaptive='1,2,3' with --schedule='1:3,4:1'" in err and "give one of the two" in err

@@ -90,11 +90,24 @@ def test_idle_connections_hold_no_threads_and_a_scrape_answers():
             conn.close()
 
 
-def test_metrics_host_option_warns_when_not_loopback():
+@pytest.mark.parametrize("host, url", [("0.0.0.0", "http://0.0.0.0:"), ("::", "http://[::]:")])
+def test_metrics_host_option_warns_when_not_loopback(host, url):
+    if ":" in host and not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
     p = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "simulate", "--requests", "1",
                         "--no-greedy", "--backend", "eager", "--adaptive", "", "--json",
-                        "--metrics-port", "0", "--metrics-host", "0.0.0.0"],
+                        "--metrics-port", "0", "--metrics-host", host],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "--metrics-host=0.0.0.0 is not loopback" in p.stderr
-    assert "metrics at http://0.0.0.0:" in p.stderr
+    assert f"--metrics-host={host} is not loopback" in p.stderr
+    assert f"metrics at {url}" in p.stderr  # issue 40: "::" printed http://:::PORT/metrics
+
+
+def test_metrics_url_brackets_ipv6_hosts():
+    from draftgraph.runtime.engine.metrics import metrics_url
+
+    assert metrics_url("::", 9) == "http://[::]:9/metrics"
+    assert metrics_url("::1", 9) == "http://[::1]:9/metrics"
+    assert metrics_url("[::1]", 9) == "http://[::1]:9/metrics"
+    assert metrics_url("127.0.0.1", 9) == "http://127.0.0.1:9/metrics"
+    assert metrics_url("localhost", 9) == "http://localhost:9/metrics"

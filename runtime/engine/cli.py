@@ -36,6 +36,8 @@ from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
 
+DEFAULT_ADAPTIVE = "1,2,3,4,5"  # simulate's --adaptive when neither it nor --schedule is given
+
 __all__ = ["main", "build_args"]
 
 
@@ -47,8 +49,9 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bs", type=int, default=8, help="cuda_graph_config.decode.max_bs")
     p.add_argument("--max-running", type=int, default=8, help="max_running_requests (slots)")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "compile", "trace", "eager"])
-    p.add_argument("--capture", default="background", choices=["background", "blocking"],
-                   help="capture graphs off the serving path (default) or before serving")
+    p.add_argument("--capture", default="auto", choices=["auto", "background", "blocking"],
+                   help="capture graphs off the serving path (background) or before serving (blocking); "
+                        "auto (default): before serving on a CPU with fewer than 4 cores, else background")
     p.add_argument("--draft", default="eagle", metavar="eagle|multi_layer|DIR",
                    help="the embedded draft (eagle, multi_layer) or, with --target, a published EAGLE-1/2 "
                         "or EAGLE-3 head's folder")
@@ -82,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--requests", type=int, default=24)
     sim.add_argument("--max-loop-steps", type=int, default=2000)
     sim.add_argument("--arrival", type=float, default=0.5, help="requests arriving per step")
-    sim.add_argument("--adaptive", default="1,2,3,4,5", help="candidate S values ('' = off)")
+    sim.add_argument("--adaptive", default=None,
+                     help=f"candidate S values (default {DEFAULT_ADAPTIVE}; '' = off; not with --schedule)")
     sim.add_argument("--reload-at", type=int, default=None)
     sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
     sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
@@ -135,6 +139,8 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _info(ns: argparse.Namespace) -> int:
+    from .capture_choice import choose_capture
+
     args = build_args(ns)
     out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
@@ -144,6 +150,9 @@ def _info(ns: argparse.Namespace) -> int:
            "chain_capacity": chain_capacity(args),
            "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
            "capture": ns.capture, "compile_available": compiler_available(),
+           "capture_choice": choose_capture(ns.capture,
+                                            ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)
+                                            ).as_dict(),
            "inductor_cache_dir": str(inductor_cache_dir())}
     if out["backend"] != "eager":
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
@@ -178,7 +187,10 @@ def _generate(ns: argparse.Namespace) -> int:
         target, draft = load_models(ns.target, ns.draft, ns.dtype, max_len=ns.max_len)
         tok = load_tokenizer(ns.target, target.vocab_size)
     ids = tok.encode(ns.text)
-    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture)
+    from .simulate import wait_with_progress
+
+    engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
+                              progress=wait_with_progress)
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens)[0]
     spec_s = time.perf_counter() - start
@@ -204,9 +216,11 @@ def _bench() -> int:
 
 def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     args = build_args(ns)
-    adaptive = tuple(int(x) for x in ns.adaptive.split(",") if x.strip()) if ns.adaptive else ()
-    if args.schedule is not None:
-        adaptive = ()  # a schedule's bands carry their own candidates
+    if args.schedule is not None and ns.adaptive:
+        raise ValueError(f"--adaptive={ns.adaptive!r} with --schedule={ns.schedule!r}: a schedule's bands carry "
+                         f"their own S candidates (e.g. \"1:3|4|5\"); give one of the two")
+    text = (DEFAULT_ADAPTIVE if args.schedule is None else "") if ns.adaptive is None else ns.adaptive
+    adaptive = tuple(int(x) for x in text.split(",") if x.strip())
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
     cfg = SimulationConfig(args=args, draft=ns.draft, backend=ns.backend, seed=ns.seed,
@@ -283,13 +297,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
 
     registry = CollectorRegistry()
     if ns.metrics_port is not None:
-        from .metrics import is_loopback
+        from .metrics import is_loopback, metrics_url
 
         port = serve_metrics(ns.metrics_port, registry, host=ns.metrics_host)
         if not is_loopback(ns.metrics_host):
             print(f"draftgraph: warning: --metrics-host={ns.metrics_host} is not loopback: anyone who can "
                   f"reach it can read the metrics (no authentication)", file=sys.stderr, flush=True)
-        print(f"draftgraph: metrics at http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
+        print(f"draftgraph: metrics at {metrics_url(ns.metrics_host, port)}", file=sys.stderr, flush=True)
     return registry
 
 
@@ -341,10 +355,10 @@ def _span_summary(spans: Any) -> dict[str, int]:
 def _ready_text(r: dict[str, Any]) -> str:
     """When every graph was ready, or what is still pending."""
     if r["graphs_ready_s"] is not None:
-        return f"{r['graphs_ready_s']:.2f} s after construction ({r['capture']})"
+        return f"{r['graphs_ready_s']:.2f} s after construction ({_capture_text(r)})"
     pending = sum(len(s["sizes_pending"]) for s in r["states"])
     total = pending + sum(len(s["sizes_ready"]) + len(s["sizes_failed"]) for s in r["states"])
-    text = f"not yet: {pending} of {total} capture units pending ({r['capture']}); "
+    text = f"not yet: {pending} of {total} capture units pending ({_capture_text(r)}); "
     eta = r.get("graphs_eta") or {}
     basis = eta.get("basis")
     if basis in ("measured", "earlier runs", "at least"):
@@ -359,6 +373,13 @@ def _ready_text(r: dict[str, Any]) -> str:
     if r.get("compiled_store") is not None and r.get("backend") == "compile":
         text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
     return text
+
+
+def _capture_text(r: dict[str, Any]) -> str:
+    """The capture mode served, and why when "auto" chose it."""
+    choice = r.get("capture_choice") or {}
+    reason = choice.get("reason")
+    return r["capture"] if not reason or reason.startswith("asked for") else f"{r['capture']}: {reason}"
 
 
 def _eta_parts(eta: dict[str, Any]) -> str:
@@ -405,6 +426,14 @@ def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
     return ("identical to greedy", r.get("lossless"))
 
 
+def _eager_text(r: dict[str, Any]) -> str:
+    """The eager baseline of the same run, and the loop against it."""
+    if r.get("eager_tokens_per_s") is None:
+        return "not measured" if r.get("backend") != "eager" else "this run"
+    return (f"{r['eager_tokens_per_s']:.1f} (the loop: {r['vs_eager']:.2f}x; outputs identical: "
+            f"{r['eager_identical']})")
+
+
 def _phases_text(phases: dict[str, Any]) -> str:
     """One line for the verify / extend graphs: graphs, replays and eager steps by reason each."""
     if not phases:
@@ -416,6 +445,7 @@ def _phases_text(phases: dict[str, Any]) -> str:
 def _print_report(r: dict[str, Any]) -> None:
     rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
+            ("eager backend tokens/s (same run)", _eager_text(r)),
             ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
             ("speedup", f"{r.get('speedup', float('nan')):.2f}x"),
             _identical_row(r),
@@ -437,7 +467,7 @@ def _print_report(r: dict[str, Any]) -> None:
     if r.get("schedule"):
         sch = r["schedule"]
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
-        rows.insert(9, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
+        rows.insert(10, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
     if r.get("greedy_interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from draftgraph.graphs import resolve_backend
 from draftgraph.runtime import RuntimeArgs
+from draftgraph.runtime.capture_queue import MAX_THREADS
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
 
@@ -35,6 +36,7 @@ from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
+from .capture_choice import CaptureChoice, choose_capture
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
 from .phases import EnginePhases, default_graph_phases, default_tiers
@@ -50,7 +52,7 @@ from .stats import EngineStats, accept_length
 __all__ = ["SpecDecodeEngine", "MAX_VERIFY_WIDTH"]
 
 DEFAULT_SLOTS = 16
-CAPTURE_MODES = ("background", "blocking")
+CAPTURE_MODES = ("auto", "background", "fill", "blocking")
 DEFAULT_WATCH = AcceptanceWatch()  # frozen: one shared default
 
 
@@ -64,7 +66,11 @@ class SpecDecodeEngine:
     sizes first, then the adaptive candidates') and returns at once; steps run eager until
     their graph is ready, counted by reason. ``"blocking"``: every graph is captured before the
     constructor returns. A reload under background capture swaps when the new state's graphs
-    are ready (``swap``) or at once, serving eager meanwhile (``release_first``).
+    are ready (``swap``) or at once, serving eager meanwhile (``release_first``). ``"fill"``: every
+    graph is queued and waited for before the constructor returns, compiled in one process per
+    usable core (`capture_choice`); ``progress(engine)`` (e.g. the CLI's bar) does the waiting
+    when given. ``"auto"``: "fill" on a CPU with few cores (a capture beside serving there slows
+    serving below the eager backend), else "background"; `startup` says which and why.
 
     The engine serves a **copy** of ``draft`` (it owns the copy's cache): loading weights into the
     model you passed changes nothing; use `update_draft_weights`. ``acceptance_watch``: when to
@@ -85,7 +91,8 @@ class SpecDecodeEngine:
                  capture: str = "background",
                  acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
                  schedule: SpeculationSchedule | str | None = None,
-                 graph_phases: Sequence[str] | None = None, kv_tiers: Sequence[int] | None = None) -> None:
+                 graph_phases: Sequence[str] | None = None, kv_tiers: Sequence[int] | None = None,
+                 progress: Callable[[SpecDecodeEngine], None] | None = None) -> None:
         t0 = time.perf_counter()
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
@@ -98,7 +105,6 @@ class SpecDecodeEngine:
             check_backend(backend)
         self.target = target
         self.backend = backend
-        self.capture = capture
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
@@ -126,7 +132,15 @@ class SpecDecodeEngine:
         # handler's) is taken at our step boundary and checked against our limits when asked
         self.worker.attach_host("a SpecDecodeEngine")
         limits.install()
-        background = capture == "background" and backend != "eager"
+        device = self.cache.k[0].device
+        self.capture_choice: CaptureChoice = choose_capture(
+            capture, "eager" if backend == "eager" else resolve_backend(backend, device=device))
+        self.capture = capture = self.capture_choice.mode  # "none" on the eager backend
+        background = capture in ("background", "fill") and backend != "eager"
+        if capture == "fill":  # nothing is served meanwhile: a compile process per core
+            self.worker.set_compile_processes(self.capture_choice.compile_processes)
+            self.worker.capture_queue.max_threads = max(self.worker.capture_queue.max_threads,
+                                                        self.capture_choice.compile_processes)
         self.phases = self._phases(backend, graph_phases, kv_tiers)
         if self.phases is not None:
             self.worker.set_phase_provider(self.phases)
@@ -150,7 +164,20 @@ class SpecDecodeEngine:
         self.report = EngineReport(t0, self._counts, self.boundary, self.acceptance, backend, capture)
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
         self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
+        if capture == "fill":
+            self._fill(progress)
         self.report.mark_started()
+
+    def _fill(self, progress: Callable[[SpecDecodeEngine], None] | None) -> None:
+        """Wait for every queued unit (``progress`` waits when given), then compile in one
+        process again: from now on serving runs beside any later unit (a reload's)."""
+        try:
+            if progress is not None:
+                progress(self)
+            self.worker.wait_graphs()
+        finally:
+            self.worker.set_compile_processes(1)
+            self.worker.capture_queue.max_threads = MAX_THREADS
 
     def _phases(self, backend: str, graph_phases: Sequence[str] | None, kv_tiers: Sequence[int] | None
                 ) -> EnginePhases | None:
@@ -291,7 +318,9 @@ class SpecDecodeEngine:
         if s:
             accepted = sum(acc.lengths) - len(reqs)
             if self.acceptance is not None:
-                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version)
+                first = sum(length >= 2 for length in acc.lengths)  # the first drafted token accepted
+                self.acceptance.observe(accept_length(accepted, len(reqs)), self.boundary.weights.version,
+                                        (first, len(reqs)))
             if not isinstance(policy, FixedPolicy):
                 with counts.timed("adapt"):
                     policy.observe(accepted / len(reqs))
@@ -338,8 +367,9 @@ class SpecDecodeEngine:
         return out
 
     def startup(self) -> dict[str, Any]:
-        """Start-up as a user feels it (`EngineReport.startup`)."""
-        return self.report.startup()
+        """Start-up as a user feels it (`EngineReport.startup`), and ``capture_choice``: the
+        capture mode served and why (`capture_choice.CaptureChoice`)."""
+        return {**self.report.startup(), "capture_choice": self.capture_choice.as_dict()}
 
     def close(self, timeout_s: float | None = 60.0) -> bool:
         """Stop background capture (`EagleDraftWorkerBase.stop_capture`: pending units

@@ -5,8 +5,8 @@ Read at scrape time from the engine's `EngineStats` (no per-step cost); the name
 are its totals for its life (`SpecDecodeEngine.reset_stats` restarts ``stats()`` only), read in
 one snapshot per scrape; the worker's never go down either. `serve_metrics` serves them on
 127.0.0.1 by default (the CLI's ``--metrics-port`` / ``--metrics-host``) from a bounded server
-(`metrics_server.MetricsServer`: idle connections cost no thread and are closed after a timeout;
-a few handler threads at most).
+(`metrics_server.MetricsServer`: requests are read without a thread per connection, each within
+one deadline; a few handler threads at most, 503 at once when they are busy).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from ..metrics import MetricsHandle, Samples, read_coordinator, read_worker, register_source
 from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
-__all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback"]
+__all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback", "metrics_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ def read_engine(engine: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_draft_weights_updated_timestamp_seconds", labels, st["draft_weights_updated_at"] or 0.0)
     if st["acceptance_low"] is not None:
         add("draftgraph_acceptance_low", labels, 1 if st["acceptance_low"] else 0)
+    if st["misfit_warnings"] is not None:
+        add("draftgraph_draft_misfit_warnings", labels, st["misfit_warnings"])
     if st["graphs_ready_s"] is not None:
         add("draftgraph_graphs_ready_seconds", labels, st["graphs_ready_s"])
     read_startup(engine.startup(), out, labels)
@@ -98,6 +100,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def metrics_url(host: str, port: int) -> str:
+    """``http://HOST:PORT/metrics``, an IPv6 address in brackets (``::`` -> ``http://[::]:PORT``)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
 def start_metrics_server(port: int, registry: CollectorRegistry, host: str = "127.0.0.1",
                          timeout_s: float = CONNECTION_TIMEOUT_S, max_threads: int = MAX_HANDLER_THREADS
                          ) -> MetricsServer:
@@ -117,7 +126,7 @@ def start_metrics_server(port: int, registry: CollectorRegistry, host: str = "12
     if not is_loopback(host):
         logger.warning("metrics served on %s, not loopback: anyone who can reach port %d can read them "
                        "(no authentication)", host, server.server_port)
-    logger.info("metrics at http://%s:%d/metrics", host, server.server_port)
+    logger.info("metrics at %s", metrics_url(host, server.server_port))
     return server.start()
 
 

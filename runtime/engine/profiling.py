@@ -27,9 +27,10 @@ Each step is a ``step`` range holding one range per stage.
 
 A failure to write (a full disk: an OSError from the exporter) never reaches the engine's step:
 the window is dropped, the error is logged and counted (``export_failures``, ``errors`` in the
-summary) and no further window opens. Without windows, the torch profiler (ops mode) records at
-most `MAX_OPS_STEPS` steps (each holds megabytes of events in memory until the end), then stops
-with a warning: give windows (``--profile-steps``) to record later steps.
+summary) and no further window opens. The torch profiler (ops mode) records at most
+`MAX_OPS_STEPS` steps in all, with or without windows (each step holds megabytes of events in
+memory until the end; a window such as ``0-10**20`` is no exception), then stops with a warning:
+give shorter windows (``--profile-steps``) to record later steps.
 
 Nsight Systems (GPU): no torch profiler needed. ``DRAFTGRAPH_NVTX=1`` (or ``true``/``yes``/``on``)
 makes ``draftgraph.graphs`` call ``enable_nvtx()`` at import, so the same spans are pushed as
@@ -68,7 +69,7 @@ TRACE_FILE = "trace.json"
 """The file name `profiled` and `StepProfiler` write in their directory."""
 STAGES_PLOT = "stages.svg"
 MAX_OPS_STEPS = 100
-"""Steps the torch profiler records when no window was given (measured: about 5.7 MiB of
+"""Steps the torch profiler records in all, windows or not (measured: about 5.7 MiB of
 events per step of the demo engine, held in memory until the trace is written)."""
 
 Window = tuple[int, int]
@@ -238,22 +239,23 @@ class StepProfiler:
             self._window_steps += 1
 
     def after_step(self, index: int) -> None:
-        """Close the window when step ``index`` ends one (or when an ops recording without
-        windows reached `MAX_OPS_STEPS`). Never raises for a failed write (see the module)."""
+        """Close the window when step ``index`` ends one (or when an ops recording
+        reached `MAX_OPS_STEPS` steps in all). Never raises for a failed write (see the module)."""
         if self._stack is None:
             return
-        if self._unbounded_ops() and self._window_steps >= MAX_OPS_STEPS:
+        if self._ops_recording() and self._steps_recorded >= MAX_OPS_STEPS:
             self.capped = True
-            logger.warning("profiling stopped after %d steps: the torch profiler without windows holds every "
-                           "step's events in memory; give --profile-steps A-B to record later steps",
-                           self._window_steps)
+            logger.warning("profiling stopped after %d steps (MAX_OPS_STEPS): the torch profiler holds every "
+                           "recorded step's events in memory until the end, whatever the windows; give "
+                           "--profile-steps windows of fewer steps in all, or --profile-spans-only",
+                           self._steps_recorded)
             self._stop()
             self._closed = True  # no further window
         elif any(index == b for _, b in self.windows):
             self._stop()
 
-    def _unbounded_ops(self) -> bool:
-        return self.windows == (ALL_STEPS,) and not self.spans_only and self.out_dir is not None
+    def _ops_recording(self) -> bool:
+        return not self.spans_only and self.out_dir is not None
 
     def _start(self) -> None:
         stack = contextlib.ExitStack()

@@ -47,7 +47,8 @@ class EngineReport:
         weights = self.boundary.weights
         out.update(startup_s=self.startup_s, graphs_ready_s=self.graphs_ready_s(),
                    draft_weights_version=weights.version, draft_weights_updated_at=weights.updated_at,
-                   acceptance_low=None if self.acceptance is None else self.acceptance.low)
+                   acceptance_low=None if self.acceptance is None else self.acceptance.low,
+                   misfit_warnings=None if self.acceptance is None else self.acceptance.misfit_warnings)
         return out
 
     def graphs_ready_s(self) -> float | None:

@@ -12,7 +12,11 @@ exits (the CLI never gives it back) and answers each phase:
 - attached: the args file is read and the reload requested (a bad file or a refused reload
   is reported, serving goes on);
 - after `detach` (the loop ended, the report is being written, the process is exiting): logged
-  as ignored.
+  as ignored;
+- once the interpreter exits (an ``atexit`` hook): ignored outright (``SIG_IGN``). Python gives
+  every signal with a Python handler its default action back while it finalizes, after the
+  ``atexit`` hooks, and the default action of SIGHUP ends the process (exit -1 after a whole
+  run); ``SIG_IGN`` is left as it is.
 
 The handler itself only counts and records (attribute writes and a `queue.SimpleQueue.put`,
 which is safe in a signal handler); a reader thread (``draftgraph-sighup``) logs, reads the args
@@ -23,6 +27,7 @@ its next step boundary.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import signal as _signal
@@ -73,6 +78,7 @@ class ProcessReloadSignal:
                 self._handle(self.signum, None)
         self._previous = previous
         self._installed = True
+        atexit.register(self._ignore_at_exit)
         return self
 
     def uninstall(self) -> None:
@@ -81,7 +87,13 @@ class ProcessReloadSignal:
         if self._installed:
             _signal.signal(self.signum, self._previous)
             self._installed = False
+            atexit.unregister(self._ignore_at_exit)
         self.flush()
+
+    def _ignore_at_exit(self) -> None:
+        """At interpreter exit, still installed: ignore the signal from now on (see the module)."""
+        if self._installed and threading.current_thread() is threading.main_thread():
+            _signal.signal(self.signum, _signal.SIG_IGN)
 
     def __enter__(self) -> ProcessReloadSignal:
         return self.install()

@@ -11,6 +11,7 @@ import random
 import signal as _signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from .profiling import profile_steps
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
 
-__all__ = ["SimulationConfig", "run_simulation", "wait_with_progress"]
+__all__ = ["SimulationConfig", "bar_safe_logging", "run_simulation", "wait_with_progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class SimulationConfig:
     profile_spans_only: bool = False
     progress: bool = True
     poll_every: int = 8
-    capture: str = "background"
+    capture: str = "auto"  # "auto", "background" or "blocking" (`SpecDecodeEngine`'s "fill" here)
     graph_phases: tuple[str, ...] | None = None  # verify / extend graphs (None: the backend's default)
+    eager_baseline: bool = True  # the same requests through the eager backend too (graph backends)
     target: str | None = None  # a transformers checkpoint (folder or hub id); draft is then a head's folder
     dtype: str = "float64"  # the transformers target's dtype
     max_len: int | None = None  # the transformers target's cache positions per request (None: its default)
@@ -118,6 +120,26 @@ def _units(engine: SpecDecodeEngine) -> tuple[int, int]:
     return done, done + sum(len(s["sizes_pending"]) for s in states)
 
 
+@contextlib.contextmanager
+def bar_safe_logging() -> Iterator[None]:
+    """While a progress bar is on stderr, console log records go through ``tqdm.write`` (the bar
+    is cleared, the message printed on a line of its own, the bar drawn again below): a warning
+    from another thread (a rejected SIGHUP reload) never lands on the bar's line. The level of
+    Python's last-resort handler (WARNING) is kept when no console handler was configured."""
+    try:
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:  # tqdm is a dependency; stay usable without it
+        yield
+        return
+    configured = list(logging.root.handlers)
+    with logging_redirect_tqdm():
+        added = [h for h in logging.root.handlers if h not in configured]
+        if not any(isinstance(h, logging.StreamHandler) for h in configured):
+            for handler in added:
+                handler.setLevel(logging.lastResort.level if logging.lastResort else logging.WARNING)
+        yield
+
+
 def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
     """Wait until no capture unit is pending, with a progress bar on stderr (units done of all,
     time left) when tqdm is installed; without it, one log line per unit."""
@@ -128,8 +150,17 @@ def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
         from tqdm import tqdm
     except ImportError:  # tqdm is a dependency; stay usable without it
         tqdm = None
-    bar = tqdm(total=total, initial=done, desc="draftgraph graphs", unit="unit", file=sys.stderr,
+    eta = (engine.startup().get("graphs_eta") or {}).get("seconds")
+    desc = "draftgraph graphs (before serving, once)" if engine.capture == "fill" else "draftgraph graphs"
+    if eta:
+        desc += f" ~{eta:.0f} s"
+    bar = tqdm(total=total, initial=done, desc=desc, unit="unit", file=sys.stderr,
                dynamic_ncols=True) if tqdm is not None else None
+    with bar_safe_logging() if bar is not None else contextlib.nullcontext():
+        _follow_units(engine, bar, done, poll_s)
+
+
+def _follow_units(engine: SpecDecodeEngine, bar: Any, done: int, poll_s: float) -> None:
     try:
         while not engine.worker.wait_graphs(poll_s):
             now, total = _units(engine)
@@ -197,15 +228,14 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         arrivals.append(int(t))
         t += rng.expovariate(cfg.arrival)
     # ranks capture blocking: every rank must replay the same graph at every step. A single
-    # process asked to block queues the units and waits for them with a progress bar instead
-    # (the same graphs before the first step; the bar says how long is left).
-    waits = rank is None and cfg.capture == "blocking" and cfg.backend != "eager"
+    # process asked to block fills instead: the units queued, compiled in a process per core and
+    # waited for with a progress bar (the same graphs before the first step; the bar says how
+    # long is left). "auto" fills on a machine with few cores (`capture_choice`).
+    capture = "blocking" if rank is not None else "fill" if cfg.capture == "blocking" else cfg.capture
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
-                              adaptive_steps=cfg.adaptive_steps or None,
-                              capture="blocking" if rank is not None else "background" if waits else cfg.capture,
-                              graph_phases=cfg.graph_phases)
-    if waits:
-        wait_with_progress(engine)
+                              adaptive_steps=cfg.adaptive_steps or None, capture=capture,
+                              graph_phases=cfg.graph_phases,
+                              progress=wait_with_progress if cfg.progress else None)
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
@@ -216,9 +246,11 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     if reload_signal is not None:
         reload_signal.attach(engine)  # one that came while loading is requested now
     bar = None
+    quiet_bar = contextlib.ExitStack()  # log records above the bar while it is shown
     if cfg.progress:
         from tqdm import tqdm
         bar = tqdm(total=sum(max_new), desc="draftgraph simulate", unit="tok", file=sys.stderr)
+        quiet_bar.enter_context(bar_safe_logging())
     ids: list[int] = []
     taken: dict[int, list[int]] = {}  # results taken as requests end: the engine keeps none
     nxt, step = 0, 0
@@ -254,6 +286,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         capture_stopped = engine.close(timeout_s=CLOSE_TIMEOUT_S)
         if bar is not None:
             bar.close()
+        quiet_bar.close()
         if reload_signal is not None:
             reload_signal.detach()  # later signals are logged and ignored
     rss_loop = _rss_mib() - rss1
@@ -272,7 +305,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"], "phases": st["phases"],
         "pad_rows": engine.worker.state.stats.pad_rows, **engine.startup(),
-        "capture": "blocking" if rank is not None else cfg.capture,
+        "capture": engine.capture,
         **_before_after_ready(ready, start, start + loop_s, st["tokens_generated"]),
         "reloads": st["reloads"], "worker": st["worker"], "stage_s": st["stage_s"],
         "spec": st["spec"], "backend": engine.worker.state.graphs.backend_name
@@ -288,6 +321,9 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     report["capture_stopped"] = capture_stopped
     if reload_signal is not None:
         report["sighup"] = reload_signal.as_dict()
+    if cfg.eager_baseline and cfg.backend != "eager" and rank is None and not interrupted:
+        report.update(_eager_baseline(cfg, target, draft, prompts[:len(ids)], max_new[:len(ids)],
+                                      arrivals[:len(ids)], outs, report["tokens_per_s"]))
     if cfg.greedy and not interrupted:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
                                        cfg.args.max_running_requests or 8))
@@ -307,6 +343,36 @@ def _before_after_ready(ready: tuple[int, float, int] | None, start: float, end:
     before = done / (at - start) if at > start else None
     after = (tokens - done) / (end - at) if end > at and tokens > done else None
     return {"graphs_ready_step": step, "tokens_per_s_before_ready": before, "tokens_per_s_after_ready": after}
+
+
+def _eager_baseline(cfg: SimulationConfig, target: Any, draft: Any, prompts: list[list[int]],
+                    max_new: list[int], arrivals: list[int], outs: list[list[int]],
+                    graphs_tokens_per_s: float) -> dict[str, Any]:
+    """The same requests, arriving at the same steps, through an engine on the eager backend (the
+    same args and adaptive candidates): the loop's tokens/s without graphs, measured in the same
+    run (``eager_tokens_per_s``, ``vs_eager`` = the loop's over it) and its outputs against the
+    loop's (``eager_identical``). Ctrl-C ends it: no figures."""
+    engine = SpecDecodeEngine(cfg.args, target, draft, backend="eager",
+                              adaptive_steps=cfg.adaptive_steps or None, acceptance_watch=None)
+    ids: list[int] = []
+    taken: dict[int, list[int]] = {}
+    nxt = step = 0
+    try:
+        start = time.perf_counter()
+        while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
+            while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
+                ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
+                nxt += 1
+            for rid in engine.step():
+                taken[rid] = _take(engine, rid)
+            step += 1
+        seconds = time.perf_counter() - start
+    except KeyboardInterrupt:
+        return {"eager_tokens_per_s": None, "vs_eager": None, "eager_identical": None}
+    got = [taken[i] if i in taken else _take(engine, i) for i in ids]
+    rate = engine.tokens_generated / seconds if seconds > 0 else 0.0
+    return {"eager_tokens_per_s": rate, "vs_eager": graphs_tokens_per_s / rate if rate else None,
+            "eager_identical": got == outs}
 
 
 def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],

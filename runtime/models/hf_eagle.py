@@ -66,18 +66,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class _Attention(nn.Module):
     """q/k/v/o projections of a Llama attention over ``in_dim`` inputs."""
 
-    def __init__(self, in_dim: int, dim: int, heads: int, kv_heads: int, head_dim: int, bias: bool) -> None:
+    def __init__(self, in_dim: int, dim: int, heads: int, kv_heads: int, head_dim: int,
+                 biased: frozenset[str]) -> None:
         super().__init__()
-        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, dim, bias=bias)
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias="q_proj" in biased)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias="k_proj" in biased)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias="v_proj" in biased)
+        self.o_proj = nn.Linear(heads * head_dim, dim, bias="o_proj" in biased)
 
 
 class _Layer(nn.Module):
     """A Llama decoder layer's modules (attention input built by the head)."""
 
-    def __init__(self, config: Any, in_dim: int, input_norm: bool, hidden_norm: bool, head_dim: int) -> None:
+    def __init__(self, config: Any, in_dim: int, input_norm: bool, hidden_norm: bool, head_dim: int,
+                 biased: frozenset[str]) -> None:
         from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
         super().__init__()
@@ -87,7 +89,7 @@ class _Layer(nn.Module):
         if hidden_norm:
             self.hidden_norm = LlamaRMSNorm(h, eps=eps)
         self.self_attn = _Attention(in_dim, h, config.num_attention_heads, config.num_key_value_heads, head_dim,
-                                    bool(getattr(config, "attention_bias", False)))
+                                    biased)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(config)
 
@@ -95,10 +97,12 @@ class _Layer(nn.Module):
 class HFEagleHead(nn.Module):
     """A published head of format ``fmt`` (`FORMATS`) for ``target`` (an `HFTarget` whose features
     are what the head reads), from the head's Llama ``config``; ``max_len`` is the target's cache
-    length. Weights are loaded by the caller (`hf_models.load_draft`)."""
+    length. ``biased``: the linear layers with a bias ("fc", "q_proj", "k_proj", "v_proj",
+    "o_proj"; None: the config's ``bias`` for fc and ``attention_bias`` for the attention).
+    Weights are loaded by the caller (`hf_models.load_draft`)."""
 
     def __init__(self, fmt: str, config: Any, target: Any, draft_vocab_size: int | None = None,
-                 max_ancestors: int = 7) -> None:
+                 max_ancestors: int = 7, biased: frozenset[str] | None = None) -> None:
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
         super().__init__()
@@ -108,6 +112,9 @@ class HFEagleHead(nn.Module):
         heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         hd = getattr(config, "head_dim", None) or h // heads
         eagle3 = fmt == "eagle3"
+        if biased is None:
+            attention = {"q_proj", "k_proj", "v_proj", "o_proj"} if getattr(config, "attention_bias", False) else set()
+            biased = frozenset(attention | ({"fc"} if getattr(config, "bias", True) and not eagle3 else set()))
         n_layers = 1 if eagle3 else config.num_hidden_layers
         feature_width = target.hidden_size
         vd = draft_vocab_size if eagle3 else target.vocab_size
@@ -116,14 +123,14 @@ class HFEagleHead(nn.Module):
                                  config.to_json_string(use_diff=False))
         dtype, device = target.dtype, target.device
         if eagle3:
-            self.fc = nn.Linear(feature_width, h, bias=False)
-            self.midlayer = _Layer(config, 2 * h, True, True, hd)
+            self.fc = nn.Linear(feature_width, h, bias="fc" in biased)
+            self.midlayer = _Layer(config, 2 * h, True, True, hd, biased)
             self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
             self.lm_head = nn.Linear(h, vd, bias=False)
             self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
         else:
-            self.fc = nn.Linear(2 * h, h, bias=bool(getattr(config, "bias", True)))
-            self.layers = nn.ModuleList(_Layer(config, h, i > 0, False, hd) for i in range(n_layers))
+            self.fc = nn.Linear(2 * h, h, bias="fc" in biased)
+            self.layers = nn.ModuleList(_Layer(config, h, i > 0, False, hd, biased) for i in range(n_layers))
         self.rotary = LlamaRotaryEmbedding(config)
         self.to(dtype=dtype, device=device)
         # the target's tensors, shared (non-persistent: never saved, refitted or copied)

@@ -13,7 +13,7 @@ pointing outside the target's vocabulary, a head wider than its target).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from .hf_eagle import HFEagleHead
 from .hf_load import load_config, load_target, parse_dtype, read_config
 from .hf_target import NORMED, HFTarget
 
-__all__ = ["draft_feature_layers", "eagle3_layers", "head_format", "load_draft", "load_models", "read_head_weights"]
+__all__ = ["draft_feature_layers", "eagle3_layers", "head_format", "head_shapes", "load_draft", "load_models",
+           "read_head_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,19 +57,39 @@ def read_head_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return path, tensors
 
 
-def head_format(path: Path, tensors: Mapping[str, torch.Tensor], head_hidden: int, target_hidden: int) -> str:
-    """"eagle1" or "eagle3", told by ``fc.weight``'s input width (2H or 3H_target)."""
-    fc = tensors.get("fc.weight")
+def head_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]]:
+    """(the weights file, every key's shape) of a head folder, from a safetensors header alone
+    (a torch file is read whole); keys as `read_head_weights` gives them."""
+    path = next((folder / n for n in WEIGHT_NAMES if (folder / n).is_file()), None)
+    if path is None or path.suffix != ".safetensors":
+        path, tensors = read_head_weights(folder)
+        return path, {k: tuple(v.shape) for k, v in tensors.items()}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own type for a damaged header
+        raise ValueError(f"{path}: not readable ({exc})") from exc
+    if shapes and all(k.startswith("model.") for k in shapes):
+        shapes = {k[len("model."):]: v for k, v in shapes.items()}
+    return path, shapes
+
+
+def head_format(path: Path, shapes: Mapping[str, Sequence[int]], head_hidden: int, target_hidden: int) -> str:
+    """"eagle1" or "eagle3", told by ``fc.weight``'s input width (2H or 3H_target); ``shapes``:
+    every key's shape."""
+    fc = shapes.get("fc.weight")
     if fc is None:
         raise ValueError(f"{path}: key 'fc.weight' missing (an EAGLE head's fc)")
-    if fc.ndim != 2 or fc.shape[0] != head_hidden:
-        raise ValueError(f"{path}: key 'fc.weight' has shape {list(fc.shape)}; the head's hidden_size is "
+    if len(fc) != 2 or fc[0] != head_hidden:
+        raise ValueError(f"{path}: key 'fc.weight' has shape {list(fc)}; the head's hidden_size is "
                          f"{head_hidden} ([hidden, 2 * hidden] EAGLE-1/2, [hidden, 3 * target hidden] EAGLE-3)")
-    if fc.shape[1] == 3 * target_hidden and "midlayer.self_attn.q_proj.weight" in tensors:
+    if fc[1] == 3 * target_hidden and "midlayer.self_attn.q_proj.weight" in shapes:
         return "eagle3"
-    if fc.shape[1] == 2 * head_hidden:
+    if fc[1] == 2 * head_hidden:
         return "eagle1"
-    raise ValueError(f"{path}: key 'fc.weight' has input width {fc.shape[1]}: neither 2 * {head_hidden} (EAGLE-1/2) "
+    raise ValueError(f"{path}: key 'fc.weight' has input width {fc[1]}: neither 2 * {head_hidden} (EAGLE-1/2) "
                      f"nor 3 * {target_hidden} with midlayer.* keys (EAGLE-3, target hidden {target_hidden})")
 
 
@@ -127,7 +148,7 @@ def load_draft(draft: str | Path, target: HFTarget) -> HFEagleHead:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{folder / 'config.json'}: not a Llama head config ({exc})") from exc
     path, tensors = read_head_weights(folder)
-    fmt = head_format(path, tensors, config.hidden_size, target.cfg.dim)
+    fmt = head_format(path, {k: tuple(v.shape) for k, v in tensors.items()}, config.hidden_size, target.cfg.dim)
     if config.hidden_size != target.cfg.dim:
         raise ValueError(f"{folder / 'config.json'}: key 'hidden_size'={config.hidden_size}, the target's is "
                          f"{target.cfg.dim} (the head shares the target's embedding)")
@@ -144,7 +165,12 @@ def load_draft(draft: str | Path, target: HFTarget) -> HFEagleHead:
         if vd > target.vocab_size:
             raise ValueError(f"{path}: key 'lm_head.weight' has {vd} rows, above the target's vocabulary "
                              f"{target.vocab_size}")
-    head = HFEagleHead(fmt, config, target, draft_vocab_size=vd)
+    # the weights tell which linear layers carry a bias (an EAGLE-1/2 fc per its config's
+    # ``bias``, the q/k/v biases of heads for Qwen2 targets); a bias some layers have and others
+    # lack is refused as a missing key
+    biased = frozenset(name for name in ("fc", "q_proj", "k_proj", "v_proj", "o_proj")
+                       if any(k == f"{name}.bias" or k.endswith(f".{name}.bias") for k in tensors))
+    head = HFEagleHead(fmt, config, target, draft_vocab_size=vd, biased=biased)
     given = _check_tensors(path, head, tensors)
     head.load_state_dict({k: v.to(dtype=head.state_dict()[k].dtype) for k, v in given.items()}, strict=False)
     logger.info("draft head %s (%s) from %s: reads target features %s", fmt, path.name, folder, list(want))
@@ -161,8 +187,8 @@ def draft_feature_layers(draft: str | Path, target: str | Path) -> tuple[int, ..
     hidden = data.get("hidden_size")
     if not isinstance(hidden, int):
         raise ValueError(f"{folder / 'config.json'}: key 'hidden_size'={hidden!r}: must be an int")
-    path, tensors = read_head_weights(folder)
-    if head_format(path, tensors, hidden, tconf.hidden_size) == "eagle1":
+    path, shapes = head_shapes(folder)
+    if head_format(path, shapes, hidden, tconf.hidden_size) == "eagle1":
         return (NORMED,)
     return eagle3_layers(data, tconf.num_hidden_layers, folder / "config.json")
 

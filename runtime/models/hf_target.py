@@ -63,7 +63,9 @@ class HFTarget(nn.Module):
     ``max_len`` positions; ``feature_layers``: the layers whose entering residual stream the
     draft reads (None: ``(L,)``, the last layer's output before the final norm). Refuses
     (ValueError naming the architecture and the feature) what the ``draftgraph`` attention
-    does not implement (`hf_checks.check_config`)."""
+    does not implement (`hf_checks.check_config`). The model's config is switched to the
+    ``draftgraph`` attention, so that model (and any model sharing its config object) runs only
+    inside an `HFTarget` from then on: load a separate copy for transformers' own ``generate``."""
 
     def __init__(self, model: nn.Module, max_len: int, feature_layers: Sequence[int] | None = None) -> None:
         super().__init__()

@@ -13,6 +13,12 @@ rank must replay the same state at every step. A `RankCoordinator` wraps one ran
   failing or missing ranks) and every rank follows that one decision in the same `step()`
   call: all swap, or all keep the old state and log why. No rank serves a generation the
   others do not.
+- Every poll word carries a fingerprint of what the leader serves (generation, S, k, N, tree);
+  each other rank compares it with its own at the same step and, when they differ, raises
+  `RankDivergenceError` naming both: ranks never diverge silently.
+- Messages prove their sender: with a secret (``secret=``, or the one `spawn_ranks` hands its
+  ranks privately) every store value carries a MAC, and one that fails it is refused, counted
+  (``stats.forged``) and logged with its key (see `auth`). Without one the ranks warn once.
 - Zero-collective mode for engines that already broadcast per-step metadata: the leader calls
   `stamp()` and sends the three ints with its own broadcast; every rank (the leader too) then
   calls `apply(stamp)` instead of `step()`.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,10 +50,11 @@ import torch.distributed as dist
 from ..config import RuntimeArgs
 from ..reload import RELOAD_POLICIES, ReloadError
 from ..validation import ConfigTypeError, require_positive_int
+from .auth import process_secret, warn_unauthenticated
 from .protocol import ProtocolError, RankProtocol, RankTimeout
 
-__all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankMismatchError",
-           "RankTimeout", "startup_fingerprint"]
+__all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankDivergenceError", "RankMismatchError",
+           "RankTimeout", "startup_fingerprint", "state_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +70,11 @@ class RankMismatchError(ValueError):
     """Ranks disagree at start-up (spec, topology, capture sizes, backend ...)."""
 
 
+class RankDivergenceError(RuntimeError):
+    """This rank serves another generation or state than the leader at the same step: the
+    ranks would run different collectives (a hang) or different drafts, so the rank stops."""
+
+
 @dataclass
 class CoordinatorStats:
     """What the coordinator did and cost (seconds are wall time on this rank)."""
@@ -73,6 +86,7 @@ class CoordinatorStats:
     aborted: int = 0
     rejected: int = 0
     faults: int = 0
+    forged: int = 0  # store values refused for a MAC that does not check
     reload_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -96,6 +110,15 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     out["rows"] = rows.describe() if rows is not None else "none"
     out["generation"] = str(state.generation)
     return out
+
+
+def state_fingerprint(worker: Any) -> int:
+    """A 31-bit fingerprint of what ``worker`` serves now: generation, S, k, N and tree."""
+    state = worker.state
+    spec = state.spec
+    text = (f"{state.generation}|{int(getattr(state, 'target_only', False))}|{spec.num_steps}|{spec.topk}|"
+            f"{spec.num_draft_tokens}|{spec.tree_choices}")
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 def _mismatches(prints: list[dict[str, str]]) -> list[str]:
@@ -124,7 +147,7 @@ class RankCoordinator:
     """
 
     def __init__(self, worker: Any, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
-                 *, store: Any = None, name: str = "draft") -> None:
+                 *, store: Any = None, name: str = "draft", secret: bytes | None = None) -> None:
         self.poll_every = require_positive_int("poll_every", poll_every)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be a number > 0 (seconds)")
@@ -143,8 +166,11 @@ class RankCoordinator:
         base = store if store is not None else dist.distributed_c10d._get_default_store()  # noqa: SLF001  # no public getter
         tag = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
         instance = base.add(f"draftgraph/{name}/{tag}/count/{self.rank}", 1)
+        secret = secret if secret is not None else process_secret()
+        if secret is None:
+            warn_unauthenticated()
         self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{instance}/", self.rank,
-                                   self.world_size, self.timeout_s)
+                                   self.world_size, self.timeout_s, secret=secret)
         self.stats = CoordinatorStats()
         self.history: deque[dict[str, Any]] = deque(maxlen=64)
         self.last_error: str | None = None
@@ -257,22 +283,38 @@ class RankCoordinator:
         if t % self.poll_every:
             return self.worker.state.generation
         start = time.perf_counter()
+        mine = state_fingerprint(self.worker)  # what this rank served up to this step
         try:
             if self.is_leader:
                 r = t // self.poll_every
                 word = self._word(self._leader_take() if self._own_pending else 0)
-                if self._proto.open_round(r, word):  # a proposer marked this round
+                if self._proto.open_round(r, (*word, mine)):  # a proposer marked this round
                     word = self._word(self._leader_take())
-                    self._proto.close_round(r, word)
+                    self._proto.close_round(r, (*word, mine))
             else:
                 word = self._proto.read_round(t // self.poll_every)
         except _POLL_ERRORS as exc:
+            self.stats.forged = self._proto.forged
             self._fault(f"poll at step {t} failed: {exc}")
             return self.worker.state.generation
+        self.stats.forged = self._proto.forged
         self.stats.polls += 1
         self.stats.poll_s += time.perf_counter() - start
-        self._follow(word)
+        if not self.is_leader and len(word) == 4 and word[3] != mine:
+            self._diverged(t, word)
+        self._follow(word[:3])
         return self.worker.state.generation
+
+    def _diverged(self, t: int, word: tuple[int, ...]) -> None:
+        """Stop loudly: this rank does not serve what the leader serves (see `RankDivergenceError`)."""
+        state = self.worker.state
+        msg = (f"rank {self.rank} diverged from the leader at step {t}: it serves generation {state.generation} "
+               f"({state.spec}, fingerprint {state_fingerprint(self.worker)}), the leader generation {word[2]} "
+               f"(fingerprint {word[3]}); stopping: ranks must serve the same state at every step")
+        self.stats.faults += 1
+        self.last_error = msg
+        logger.critical(msg)
+        raise RankDivergenceError(msg)
 
     def _enter(self, mode: str) -> None:
         if self._mode is not None:
@@ -394,6 +436,7 @@ class RankCoordinator:
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
         seconds = time.perf_counter() - start
         self.stats.reload_s += seconds
+        self.stats.forged = self._proto.forged
         self.history.append({"event": "reload", "reload": n, "proposer": proposer, "spec": str(spec),
                              "policy": policy, "ok": reason is None, "error": reason,
                              "step": self.stats.steps - 1, "prepare_s": prepare_s, "seconds": seconds,

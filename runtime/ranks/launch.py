@@ -6,6 +6,11 @@ the group's TCPStore (so the store outlives any rank) on a socket it binds to 12
 the loopback interface, and every wait is bounded: a rank that raises, dies or overruns is
 reported by rank, never a hang. Results come back over a pipe private to the launcher and its
 ranks (a multiprocessing queue), never through the store, which any local user can reach.
+
+Each run makes a secret (`auth.new_secret`, never logged) and hands it to every rank with the
+rank's arguments, through the spawn pipe (private to the launcher and that process: not on a
+command line, not in the environment); the rank installs it (`auth.set_process_secret`) before
+``fn`` runs, so its coordinators sign and check every store value.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .auth import new_secret, set_process_secret
 
 __all__ = ["spawn_ranks", "RankLaunchError", "loopback_store"]
 
@@ -62,8 +69,10 @@ def spawn_ranks(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (
     store = loopback_store(timedelta(seconds=timeout_s))
     results_q = ctx.Queue()
     pg_timeout = float(pg_timeout_s if pg_timeout_s is not None else timeout_s)
+    secret = new_secret()  # this run's: every rank gets it through its spawn pipe
     procs = [ctx.Process(target=_rank_main, name=f"draftgraph-rank{rank}", daemon=True,
-                         args=(rank, world_size, store.port, fn, tuple(args), results_q, threads, pg_timeout))
+                         args=(rank, world_size, store.port, fn, tuple(args), results_q, threads, pg_timeout,
+                               secret))
              for rank in range(world_size)]
     for p in procs:
         p.start()
@@ -148,10 +157,12 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-               results_q: Any, threads: int, pg_timeout_s: float) -> None:
-    """Body of one rank's process: join the group, run ``fn``, send back its result or traceback."""
+               results_q: Any, threads: int, pg_timeout_s: float, secret: bytes | None = None) -> None:
+    """Body of one rank's process: take the run's secret, join the group, run ``fn``, send back its
+    result or traceback."""
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    set_process_secret(secret)
     torch.set_num_threads(threads)
     try:
         timeout = timedelta(seconds=pg_timeout_s)

@@ -13,7 +13,11 @@ the round, and then ``round/<r>/final`` holds the word; ``proposal`` the single 
 (``-`` when free); ``reload/<n>`` the n-th reload's
 (proposer, args, policy); ``vote/<n>/<rank>``; ``decision/<n>``; ``hello/<rank>`` at start-up.
 Every value is plain data (`wire`: JSON with a schema check on every read; round words are
-ints), never a pickle: the store has no authentication, so what it holds is not trusted.
+ints), never a pickle: the store has no authentication, so what it holds is not trusted. With a
+``secret`` every value also carries a MAC (`auth.SignedStore`): a value that fails it is refused
+(`ForgedValue`, counted in ``forged``, logged with its key), never obeyed; where the leader finds
+a forgery in a key it writes (a round word, the proposal slot, a decision) it writes its own
+value over it, and readers wait (bounded by the timeout) for a value that checks.
 ``reload/<n>`` and ``decision/<n>`` are deleted once every rank has read them (each rank, after
 the decision, adds to ``done/<n>``; the last one deletes them), so the store stays bounded.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -30,6 +35,7 @@ import torch.distributed as dist
 
 from ..config import RuntimeArgs
 from . import wire
+from .auth import ForgedValue, SignedStore
 from .wire import ProtocolError
 
 __all__ = ["RankProtocol", "RankTimeout", "ProtocolError", "open_store", "FREE"]
@@ -90,12 +96,15 @@ class RankProtocol:
     keys are missing; nothing here ever waits without a bound.
     """
 
-    def __init__(self, store: Any, namespace: str, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, store: Any, namespace: str, rank: int, world_size: int, timeout_s: float,
+                 secret: bytes | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
         self._base, self._namespace = store, namespace
-        self._store, self._dedicated = open_store(store, namespace, timeout_s)
+        raw, self._dedicated = open_store(store, namespace, timeout_s)
+        self._signed = SignedStore(raw, namespace, secret, raw_values=(_ABSENT,)) if secret is not None else None
+        self._store: Any = self._signed if self._signed is not None else raw
         self._gc: threading.Thread | None = None
         self._gc_next = 0  # rounds before it are deleted (or being deleted)
         if rank == 0:
@@ -105,6 +114,16 @@ class RankProtocol:
     def is_leader(self) -> bool:
         """True on group rank 0, which decides."""
         return self.rank == 0
+
+    @property
+    def authenticated(self) -> bool:
+        """True when every value is signed and checked (a secret was given)."""
+        return self._signed is not None
+
+    @property
+    def forged(self) -> int:
+        """Values refused for a MAC that does not check."""
+        return self._signed.forged if self._signed is not None else 0
 
     # ---- bounded reads -----------------------------------------------------------------------
     def _wait(self, keys: dict[int, str], what: str) -> None:
@@ -119,13 +138,20 @@ class RankProtocol:
             raise RankTimeout(f"rank {names} did not {what} within {self.timeout_s:g} s", missing) from exc
 
     def _get(self, key: str, owner: int, what: str) -> bytes:
-        """The value of ``key`` written by rank ``owner``, waiting at most timeout_s."""
-        if not self._dedicated:
-            self._wait({owner: key}, what)
-        try:
-            return self._store.get(key)
-        except (RuntimeError, dist.DistError) as exc:
-            raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
+        """The value of ``key`` written by rank ``owner``, waiting at most timeout_s (a forged
+        value is refused and read again until the owner's own value is there)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if not self._dedicated:
+                self._wait({owner: key}, what)
+            try:
+                return self._store.get(key)
+            except ForgedValue:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+            except (RuntimeError, dist.DistError) as exc:
+                raise RankTimeout(f"rank {owner} did not {what} within {self.timeout_s:g} s", [owner]) from exc
 
     def peek(self, key: str) -> bytes | None:
         """The value of ``key`` now, or None when it is absent; never blocks.
@@ -139,7 +165,11 @@ class RankProtocol:
     def open_round(self, r: int, word: tuple[int, ...]) -> bool:
         """Leader: publish round r's word (ints; one round trip) unless a proposer marked the
         round first; returns True when marked (then `close_round` publishes the word)."""
-        now = self._store.compare_set(f"round/{r}", b"", _encode(word))
+        try:
+            now = self._store.compare_set(f"round/{r}", b"", _encode(word))
+        except ForgedValue:  # written ahead of us by no rank: our word replaces it
+            self._store.set(f"round/{r}", _encode(word))
+            now = _encode(word)
         if r > _ROUND_WINDOW and r % _GC_BATCH == 0:
             self._collect_rounds(r - _ROUND_WINDOW)
         return now == _MARK
@@ -152,9 +182,13 @@ class RankProtocol:
         """Proposer: mark the first round from ``first`` on that the leader has not published,
         so the leader looks at the proposal slot there; returns that round."""
         r = first
-        while self._store.compare_set(f"round/{r}", b"", _MARK) != _MARK:
+        while True:
+            try:
+                if self._store.compare_set(f"round/{r}", b"", _MARK) == _MARK:
+                    return r
+            except ForgedValue:  # a forgery holds that round: the leader replaces it; mark the next
+                pass
             r += 1
-        return r
 
     def read_round(self, r: int) -> tuple[int, ...]:
         """Non-leader: the leader's word for round r."""
@@ -185,7 +219,12 @@ class RankProtocol:
         A slot held by something that is not a proposal (written by no rank of ours) is taken
         over, logged: it would otherwise refuse every proposal until the leader looked."""
         payload = wire.encode_proposal(*proposal)
-        now = self._store.compare_set("proposal", FREE, payload)
+        try:
+            now = self._store.compare_set("proposal", FREE, payload)
+        except ForgedValue:  # the slot holds a forgery: ours replaces it
+            logger.warning("rank %d: replacing a forged value in the proposal slot", self.rank)
+            self._store.set("proposal", payload)
+            return None
         if now == payload:
             return None
         try:
@@ -197,7 +236,11 @@ class RankProtocol:
 
     def take(self) -> bytes | None:
         """Leader: the pending proposal's payload, or None (the slot stays held until `release`)."""
-        raw = self._store.get("proposal")
+        try:
+            raw = self._store.get("proposal")
+        except ForgedValue:  # refused, logged with its key; the slot is freed
+            self.release()
+            return None
         return None if raw == FREE else raw
 
     def check_proposal(self, payload: bytes) -> tuple[int, RuntimeArgs, str]:
@@ -238,10 +281,10 @@ class RankProtocol:
             # a voter that timed out waiting for our decision decided itself and dropped its vote,
             # possibly between any check and a get (which would then block for the store's whole
             # timeout and fail): read without blocking, in one round trip, and skip it when gone
-            raw = self.peek(key)
-            if raw is None:
-                continue
             try:
+                raw = self.peek(key)
+                if raw is None:
+                    continue
                 votes[r] = wire.decode_vote(key, raw)
             except ProtocolError as exc:
                 votes[r] = f"malformed vote: {exc}"
@@ -252,7 +295,12 @@ class RankProtocol:
 
         Returns the decision in force (first writer wins, so every rank follows the same one);
         a malformed decision in force is an abort on every rank that reads it."""
-        now = self._store.compare_set(f"decision/{n}", b"", wire.encode_decision(reason))
+        try:
+            now = self._store.compare_set(f"decision/{n}", b"", wire.encode_decision(reason))
+        except ForgedValue as exc:  # a forged decision: abort, and say so in a value that checks
+            reason = f"forged decision refused: {exc}"
+            self._store.set(f"decision/{n}", wire.encode_decision(reason))
+            return reason
         return self._decision(n, now)
 
     def _decision(self, n: int, raw: bytes) -> str | None:
@@ -290,4 +338,4 @@ class RankProtocol:
         self._store.set(f"{tag}/{self.rank}", wire.encode_fingerprint(value))
         keys = {r: f"{tag}/{r}" for r in range(self.world_size)}
         self._wait(keys, f"arrive at {tag}")
-        return [wire.decode_fingerprint(k, self._store.get(k)) for k in keys.values()]
+        return [wire.decode_fingerprint(k, self._get(k, r, f"arrive at {tag}")) for r, k in keys.items()]
