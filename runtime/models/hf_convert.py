@@ -5,6 +5,20 @@ epsilon, RoPE base and half-split rotation, SwiGLU), `save_transformers` writes 
 
 The embedded EAGLE head reads the target's last layer output before the final norm, which is
 `HFTarget`'s default feature, so it drafts for the converted target unchanged.
+
+RoPE needs no q/k permutation: the embedded `apply_rope` rotates the pairs (x[i], x[i + head_dim / 2])
+by frequency i, which is transformers' ``rotate_half`` convention (not interleaved pairs). The
+norms are pre-norm with the weight after the normalisation, eps 1e-5 (transformers' Llama default
+is 1e-6, so it is set).
+
+Exactness (tests/test_hf_convert.py): the function is the same, but transformers' Llama computes
+two things in float32 whatever the model's dtype: ``LlamaRMSNorm`` casts its input to float32,
+and the rotary embedding builds its frequencies and angles in float32. A float64 checkpoint
+therefore differs from the embedded float64 target by up to ~1e-5 in the logits (7.8e-6 over 8
+held-out prompts of up to 96 tokens; argmax-identical). With those two pieces evaluated in float64
+the logits were bitwise equal on those prompts.
+
+The embedded EAGLE head has no published EAGLE-1/2 or EAGLE-3 layout: `PUBLISHED_LAYOUT_GAP`.
 """
 
 from __future__ import annotations
@@ -16,7 +30,20 @@ import torch
 
 from .target import TargetModel
 
-__all__ = ["llama_config", "save_transformers", "to_transformers"]
+__all__ = ["PUBLISHED_LAYOUT_GAP", "llama_config", "save_transformers", "to_transformers"]
+
+PUBLISHED_LAYOUT_GAP = (
+    "The embedded EAGLE head is not expressible in the published EAGLE-1/2 layout (fc [H, 2H] over "
+    "cat(embed, feature), Llama layers with no input_layernorm on layer 0, no final norm, logits = "
+    "the target's lm_head on the last layer's output): (1) it RMS-normalises the token embedding "
+    "with its own weight (norm_emb) before fc, a per-token scaling the published fc, fed the raw "
+    "embedding, cannot express; (2) its single layer has an input norm (attn_norm) between fc and "
+    "q/k/v, which published layer 0 lacks; (3) its logits are the target's lm_head after the "
+    "target's final norm, and the published head has no norm there. Its feature (the target's "
+    "pre-norm hidden, normalised by its own norm_feat) would fold into fc's columns as "
+    "w_feat / w_final_norm, but (1)-(3) are nonlinear. EAGLE-3 does not fit either: its residual "
+    "is fc(target streams) alone, while the embedded head's residual mixes the embedding in (fc "
+    "over both), and it would need the same final norm and input norm.")
 
 
 def llama_config(target: TargetModel) -> Any:
