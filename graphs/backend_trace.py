@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .cancel import check_cancelled
 from .errors import GraphCaptureError
 from .hostsync import HOST_SYNC_OP, HostSyncGuard, host_sync_message
 from .protocol import FlatStep, check_outputs
@@ -102,6 +103,7 @@ _RECORD_LOCK = threading.Lock()
 def _trace(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
     """make_fx ``fn`` over ``args`` in real mode under the host-sync guard; (graph, real outputs)."""
     with _RECORD_LOCK:
+        check_cancelled(size)  # the wait for the lock may have outlived the capture's thread
         return _trace_locked(fn, args, size)
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from .errors import GraphCaptureError
 
-__all__ = ["CaptureCancelled", "cancel_requested", "cancel_scope"]
+__all__ = ["CaptureCancelled", "cancel_requested", "cancel_scope", "check_cancelled"]
 
 _scope = threading.local()  # .event: the calling thread's cancel event (none outside a scope)
 
@@ -40,3 +40,10 @@ def cancel_requested() -> bool:
     """True when the calling thread's scope was cancelled."""
     event = getattr(_scope, "event", None)
     return event is not None and event.is_set()
+
+
+def check_cancelled(size: int | None = None) -> None:
+    """Raise `CaptureCancelled` when the calling thread's scope was cancelled (between the steps
+    of a recording that make no torch call: waiting for the recording lock, setting up symbols)."""
+    if cancel_requested():
+        raise CaptureCancelled(f"capture at size {size} cancelled", size=size)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from .cancel import check_cancelled
 from .hostsync import HostSyncGuard
 from .protocol import FlatStep
 
@@ -52,6 +53,7 @@ def record_symbolic(fn: FlatStep, args: Sequence[Tensor], hint: int, size: int
 
     if hint < 2:
         raise ValueError(f"hint={hint}: must be >= 2 (sizes 0 and 1 specialize)")
+    check_cancelled(size)  # setting up symbols makes no torch call the guard would see
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     mode.cache_enabled = False  # its dispatch cache is process-wide: entries of each record stayed
     fakes = []

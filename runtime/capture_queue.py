@@ -63,7 +63,8 @@ class _Entry:
 
 IDLE_S = 0.05  # the background thread starts a unit after this long without a served step ...
 MAX_WAIT_S = 10.0  # ... or after this long without a unit, so a busy server still progresses
-EXIT_WAIT_S = 5.0  # at interpreter exit, the longest wait for a unit in progress (cancelled: ~0.1-1 s)
+EXIT_WAIT_S = 20.0  # at exit, the longest wait for a unit in progress (cancelled: ~0.1-1 s; a thread
+# still in torch when the interpreter finalizes can abort it, so this bound is generous)
 MAX_THREADS = 2  # background threads while units compile in the compile process (`_wanted_threads`)
 
 
