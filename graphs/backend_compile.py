@@ -575,6 +575,9 @@ class CompileBackend(TraceBackend):
             graph.release()
             raise
         except Exception as exc:  # inductor raises many kinds; the FX replay stays correct
+            if cancel_requested():  # the process is exiting ("cannot schedule new futures after
+                graph.release()  # interpreter shutdown"): no fallback, no warning
+                raise CaptureCancelled(f"size {size}: cancelled at exit", size=size) from exc
             runner, reason = None, f"compile failed: {type(exc).__name__}: {exc}"
         elapsed = time.perf_counter() - start
         # what this compile left in process-wide caches goes with the graph (measured without
@@ -717,6 +720,8 @@ class CompileBackend(TraceBackend):
         (a cancelled capture is no failure: it propagates)."""
         if isinstance(exc, CaptureCancelled):
             raise exc
+        if cancel_requested():  # the process is exiting: inductor refuses new work, nothing failed
+            raise CaptureCancelled(f"{what}: cancelled at exit") from exc
         self._symbolic_failed = f"{what}: {type(exc).__name__}: {exc}"
         logger.warning("compile backend: %s; compiling per size", self._symbolic_failed)
 

@@ -141,13 +141,15 @@ _EXITING = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("backend", "after_s"), [("trace", 0.0), ("compile", 0.5), ("compile", 3.0)])
-def test_a_process_ending_with_units_pending_exits_within_seconds_and_quietly(tmp_path, backend, after_s):
+@pytest.mark.parametrize(("backend", "after_s", "store"), [("trace", 0.0, "1"), ("compile", 0.5, "1"),
+                                                      ("compile", 3.0, "1"), ("compile", 2.0, "0")])
+def test_a_process_ending_with_units_pending_exits_within_seconds_and_quietly(tmp_path, backend, after_s, store):
+    """With the store (compiles in the compile process) and without it (compiles here)."""
     if backend == "compile":
         from draftgraph.graphs.backend_compile import compiler_available
         if not compiler_available():
             pytest.skip("the compile backend needs a C++ compiler")
-    env = dict(os.environ, DRAFTGRAPH_COMPILED_DIR=str(tmp_path / "store"),
+    env = dict(os.environ, DRAFTGRAPH_COMPILED=store, DRAFTGRAPH_COMPILED_DIR=str(tmp_path / "store"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     proc = subprocess.run([sys.executable, "-c", _EXITING, backend, str(after_s)], capture_output=True, text=True,
                           timeout=300, env=env)
