@@ -5,8 +5,8 @@ at step 0, the parents' rows later, per-depth rows in a static topology). That s
 
 - one tensor [b, H] (SGLang's ``EagleDraftInput.hidden_states``, `TinyDraftModel`), or
 - a NamedTuple (or tuple) of tensors, each with the leading row dim b: named inputs such as
-  `EagleDraftHead`'s ``DraftRows(feature [b, d] float32, slot [b] int64, position [b] int64,
-  base [b] int64, ancestors [b, A, 2, hd] float32)``, gpt-fast's ``forward(idx, input_pos)``
+  `HFEagleHead`'s ``DraftRows(feature [b, d], slot [b] int64, position [b] int64,
+  base [b] int64, ancestors [b, A, layers, 2, kv_heads, hd])``, gpt-fast's ``forward(idx, input_pos)``
   style rather than float columns packed into one row.
 
 `map_rows` applies one row operation to every leaf and rebuilds the same structure; for a plain

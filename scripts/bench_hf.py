@@ -1,9 +1,9 @@
-"""Side by side with transformers (issue 42 item 6): the embedded target converted to a
-``LlamaForCausalLM`` (`hf_convert`), decoded greedily by transformers' ``generate`` (dynamic
+"""Side by side with transformers (issue 42 item 6): the embedded target (a ``LlamaForCausalLM``
+checkpoint, `default_checkpoints`), decoded greedily by transformers' ``generate`` (dynamic
 cache; static cache, also compiled; float64, and float32 for reference), assisted generation (a
 1-layer Llama assistant distilled from the target's greedy outputs), prompt-lookup decoding, and
-draftgraph's `SpecDecodeEngine` serving the same checkpoint through `load_target` with the
-trained embedded EAGLE head (chain S=3): eager, graphs (``backend="auto"``, ``capture="fill"``:
+draftgraph's `SpecDecodeEngine` serving the same checkpoint through `load_models` with the
+default EAGLE-3 head (chain S=3): eager, graphs (``backend="auto"``, ``capture="fill"``:
 every graph captured before timing; the draft step, the CPU default) and graphs+phases (the
 target verify and draft extend captured too).
 
@@ -30,7 +30,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,11 +39,11 @@ import torch
 
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
-from draftgraph.runtime.models import default_models, greedy_generate, model_cache_dir
+from draftgraph.runtime.models import default_checkpoints, default_models, greedy_generate, model_cache_dir
 from draftgraph.runtime.models.corpus import held_out_prompts, load_corpus
-from draftgraph.runtime.models.hf_convert import save_transformers
-from draftgraph.runtime.models.hf_load import load_target
-from draftgraph.runtime.models.target import TargetConfig, TargetModel
+from draftgraph.runtime.models.default_spec import target_config
+from draftgraph.runtime.models.hf_models import load_models
+from draftgraph.runtime.models.hf_target import HFTarget
 from draftgraph.runtime.models.tokenizer import EOS_ID
 from draftgraph.runtime.models.training import TrainPlan, distill_data
 from scripts.benchutil import emit, record
@@ -69,14 +68,19 @@ def _digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def train_assistant(target: TargetModel, steps: int, plan: TrainPlan, seed: int = 0) -> TargetModel:
-    """A 1-layer copy of the target's shape (its embedding, final norm, LM head and first block
-    as the start), trained to predict the target's greedy next token on the target's own greedy
-    continuations of training prompts (`distill_data`); float32."""
-    tokens, _, labels = distill_data(target, load_corpus().train, plan, seed)
-    draft = TargetModel(TargetConfig(n_layers=1), seed=seed)
-    state = {k: v.float() for k, v in target.state_dict().items() if not k.startswith("blocks.")
-             or k.startswith("blocks.0.")}
+def train_assistant(target: HFTarget, steps: int, plan: TrainPlan, seed: int = 0) -> Any:
+    """A 1-layer ``LlamaForCausalLM`` of the target's shape (its embedding, final norm, LM head and
+    first layer as the start), trained to predict the target's greedy next token on the target's
+    own greedy continuations of training prompts (`distill_data`); float32."""
+    from transformers import LlamaForCausalLM
+
+    data = distill_data(target, load_corpus().train, plan, seed)
+    tokens, labels = data.tokens, data.argmax
+    torch.manual_seed(seed)
+    draft = LlamaForCausalLM(target_config(layers=1))
+    draft.set_attn_implementation("sdpa")
+    state = {k: v.float() for k, v in target.model.state_dict().items()
+             if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
     draft.load_state_dict(state)
     draft.train()
     opt = torch.optim.AdamW(draft.parameters(), lr=ASSIST_LR, weight_decay=0.0, betas=(0.9, 0.95))
@@ -86,7 +90,7 @@ def train_assistant(target: TargetModel, steps: int, plan: TrainPlan, seed: int 
         for g in opt.param_groups:  # cosine decay to 5%
             g["lr"] = ASSIST_LR * max(0.05, 0.5 * (1 + torch.cos(torch.tensor(torch.pi * step / steps)).item()))
         idx = torch.randint(0, tokens.shape[0], (ASSIST_BATCH,), generator=gen)
-        logits, _ = draft.train_forward(tokens[idx])
+        logits = draft(input_ids=tokens[idx], use_cache=False).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels[idx].flatten())
         opt.zero_grad()
         loss.backward()
@@ -96,7 +100,7 @@ def train_assistant(target: TargetModel, steps: int, plan: TrainPlan, seed: int 
     return draft.eval().requires_grad_(False)
 
 
-def assistant_folder(target: TargetModel, quick: bool) -> Path:
+def assistant_folder(target: HFTarget, quick: bool) -> Path:
     """The assistant as a Llama folder, trained once per (target weights, steps) and kept beside
     the default models (``$DRAFTGRAPH_CACHE``)."""
     steps, plan = (10, TrainPlan(distill_prompts=8, distill_new=16)) if quick else (ASSIST_STEPS, TrainPlan())
@@ -104,7 +108,7 @@ def assistant_folder(target: TargetModel, quick: bool) -> Path:
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
         tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-        save_transformers(train_assistant(target, steps, plan), tmp)
+        train_assistant(target, steps, plan).save_pretrained(tmp)
         try:  # whole or not at all: another process may have finished first
             os.replace(tmp, folder)
         except OSError:
@@ -172,9 +176,9 @@ def _hf_systems(folder: Path, assistant: Path, prompts: list[list[int]], n: int,
     return systems
 
 
-def _engines(folder: Path, head: Any, max_len: int, phases: bool, graph_backend: str
+def _engines(folder: Path, head: Path, max_len: int, phases: bool, graph_backend: str
              ) -> dict[str, SpecDecodeEngine]:
-    target, draft = load_target(folder, "float64", max_len=max_len), head  # HFTarget's default feature: the head's
+    target, draft = load_models(folder, head, "float64", max_len=max_len)
     args = RuntimeArgs(SPEC, CudaGraphConfig(PhaseGraphConfig(bs=(1, 4))), max_running_requests=4)
     out = {"draftgraph eager": SpecDecodeEngine(args, target, draft, backend="eager")}
     start = time.perf_counter()
@@ -209,9 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     rounds = a.rounds or (1 if a.quick else 4)
     n = a.new_tokens or (8 if a.quick else 96)
     phases = not (a.quick or a.no_phases)
-    target, head = default_models()
-    tmp = tempfile.TemporaryDirectory(prefix="bench_hf-")
-    folder = save_transformers(target, Path(tmp.name) / "target")
+    target, _ = default_models()
+    folder, head = default_checkpoints()
     assistant = assistant_folder(target, a.quick)
     rows, records, engines = [], [], {}
     per_round: dict[int, dict[str, list[float]]] = {}
@@ -262,7 +265,6 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for eng in engines.values():
             eng.close()
-        tmp.cleanup()
     verdicts = {}
     for graphs, conc, base, limit in TARGETS:
         name = f"draftgraph {graphs}"

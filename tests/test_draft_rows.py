@@ -1,5 +1,5 @@
-"""Named draft rows: `EagleDraftHead` takes slot, position and base as int64 tensors (not float
-columns); the worker drafts a chain, a dynamic tree and a static tree over them, eager and
+"""Named draft rows: a published EAGLE head (`HFEagleHead`, over a tiny random transformers Llama
+target) takes slot, position and base as int64 tensors (not float columns); the worker drafts a chain, a dynamic tree and a static tree over them, eager and
 replayed, and its answers equal those of the same head behind the old one-float-row packing
 (a tensor-form model, whose row ops the SGLang differential tests pin)."""
 
@@ -13,22 +13,28 @@ from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, Runtime
 from draftgraph.runtime.draft_input import DraftInput
 from draftgraph.runtime.draft_rows import RowLayout, leaves, map_rows, row_count
 from draftgraph.runtime.eagle_worker import EagleDraftWorker
-from draftgraph.runtime.models.eagle_head import DraftRows, EagleConfig, EagleDraftHead
-from draftgraph.runtime.models.target import TargetConfig, TargetModel
+from draftgraph.runtime.models.hf_eagle import DraftRows, HFEagleHead
+from draftgraph.runtime.models.hf_target import NORMED, HFTarget
 
 V, D, HEADS, A, SLOTS, MAX_LEN = 64, 32, 2, 4, 9, 64
 HD = D // HEADS
+ANC = (A, 1, 2, HEADS, HD)  # ancestors per row: [A, layers, K/V, kv heads, head_dim]
+ANC_SIZE = A * 2 * HEADS * HD
 SIZES = (1, 2, 4)
 TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
 SPECS = {"chain": SpeculativeConfig(3, 1), "dynamic_tree": SpeculativeConfig(3, 2, 5),
          "static_tree": SpeculativeConfig(3, 2, tree_choices=TREE)}
 
 
-def make_head(seed: int = 0) -> EagleDraftHead:
-    target = TargetModel(TargetConfig(vocab_size=V, dim=D, n_layers=1, n_heads=HEADS, ffn=64, max_len=MAX_LEN),
-                         seed=seed)
-    head = EagleDraftHead(target, EagleConfig(dim=D, n_heads=HEADS, ffn=64, max_ancestors=A, max_len=MAX_LEN),
-                          seed=seed)
+def make_head(seed: int = 0) -> HFEagleHead:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=HEADS,
+                         num_key_value_heads=HEADS, vocab_size=V, max_position_embeddings=MAX_LEN,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    target = HFTarget(LlamaForCausalLM(config), MAX_LEN, feature_layers=(NORMED,))
+    head = HFEagleHead("eagle1", config, target, max_ancestors=A)
     cache = head.allocate_cache(SLOTS)
     gen = torch.Generator().manual_seed(seed + 7)
     for t in (*cache.k, *cache.v):  # a prefix the rows attend to
@@ -43,10 +49,10 @@ class PackedHead(torch.nn.Module):
     """HEAD behind one float row [feature | slot | position | base | ancestors K,V] (its old
     interface): the reference for the named rows, through the worker's tensor form."""
 
-    def __init__(self, head: EagleDraftHead) -> None:
+    def __init__(self, head: HFEagleHead) -> None:
         super().__init__()
         self.head = head
-        self.hidden_size = D + 3 + A * 2 * HD
+        self.hidden_size = D + 3 + ANC_SIZE
 
     def forward(self, ids: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits, out = self.head(ids, unpack(packed))
@@ -60,7 +66,7 @@ def pack(rows: DraftRows) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor) -> DraftRows:
     return DraftRows(packed[:, :D], packed[:, D].long(), packed[:, D + 1].long(), packed[:, D + 2].long(),
-                     packed[:, D + 3:].reshape(-1, A, 2, HD))
+                     packed[:, D + 3:].reshape(-1, *ANC))
 
 
 def args_for(spec: SpeculativeConfig) -> RuntimeArgs:
@@ -102,7 +108,7 @@ def test_head_rows_are_integer_tensors():
     assert isinstance(rows, DraftRows)
     for name in ("slot", "position", "base"):
         assert getattr(rows, name).dtype is torch.int64 and getattr(rows, name).shape == (3,)
-    assert rows.feature.dtype is torch.float32 and rows.ancestors.shape == (3, A, 2, HD)
+    assert rows.feature.dtype is torch.float32 and rows.ancestors.shape == (3, *ANC)
     _, out = HEAD(torch.tensor([5, 6, 7]), rows)
     assert isinstance(out, DraftRows)
     assert out.position.dtype is torch.int64 and torch.equal(out.position, rows.position + 1)
@@ -118,10 +124,10 @@ def test_worker_static_inputs_hold_the_integers_as_int64():
     for name in ("slot", "position", "base"):
         t = static[f"hidden_states_{name}"]
         assert t.dtype is torch.int64 and t.shape == (max(SIZES),)
-    assert static["hidden_states_ancestors"].shape == (max(SIZES), A, 2, HD)
+    assert static["hidden_states_ancestors"].shape == (max(SIZES), *ANC)
     assert w.hidden_size is None
     # the memory estimate per row sums the leaves: feature and ancestors float32, three int64
-    assert w.row_layout.row_bytes() == D * 4 + 3 * 8 + A * 2 * HD * 4
+    assert w.row_layout.row_bytes() == D * 4 + 3 * 8 + ANC_SIZE * 4
 
 
 def _with(rows: DraftRows, **fields) -> DraftRows:
@@ -132,11 +138,11 @@ def _with(rows: DraftRows, **fields) -> DraftRows:
     (lambda r: _with(r, slot=r.slot.float()), TypeError, r"hidden_states\.slot has dtype torch\.float32"),
     (lambda r: _with(r, position=r.position.int()), TypeError, r"hidden_states\.position has dtype torch\.int32"),
     (lambda r: _with(r, feature=r.feature.double()), TypeError, r"hidden_states\.feature has dtype torch\.float64"),
-    (lambda r: _with(r, ancestors=r.ancestors[:, :-1]), ValueError, r"hidden_states\.ancestors=\(2, 3, 2, 16\)"),
+    (lambda r: _with(r, ancestors=r.ancestors[:, :-1]), ValueError, r"hidden_states\.ancestors=\(2, 3, 1, 2, 2, 16\)"),
     (lambda r: _with(r, base=r.base[:1]), ValueError, r"hidden_states\.base=\(1,\)"),
     (lambda r: _with(r, slot=r.slot.tolist()), ValueError, r"hidden_states\.slot=list"),
     (lambda r: _with(r, position=r.position.to("meta")), ValueError, r"hidden_states\.position is on meta"),
-    (lambda r: pack(r), ValueError, r"hidden_states=\(2, 163\): must be a tuple of 5 tensors"),
+    (lambda r: pack(r), ValueError, rf"hidden_states=\(2, {D + 3 + ANC_SIZE}\): must be a tuple of 5 tensors"),
     (lambda r: tuple(r)[:4], ValueError, r"must be a tuple of 5 tensors"),
     (lambda r: None, ValueError, r"hidden_states=NoneType"),
 ])

@@ -443,7 +443,9 @@ def _phases_text(phases: dict[str, Any]) -> str:
 
 
 def _print_report(r: dict[str, Any]) -> None:
-    rows = [("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
+    models = r.get("models") or {}
+    rows = [("target", models.get("target", "-")), ("draft", models.get("draft", "-")),
+            ("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
             ("eager backend tokens/s (same run)", _eager_text(r)),
             ("greedy tokens/s", f"{r.get('greedy_tokens_per_s', float('nan')):.1f}"),
@@ -467,7 +469,7 @@ def _print_report(r: dict[str, Any]) -> None:
     if r.get("schedule"):
         sch = r["schedule"]
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
-        rows.insert(10, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
+        rows.insert(12, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
     if r.get("greedy_interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))

@@ -16,7 +16,6 @@ import torch
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
 from draftgraph.runtime.worker_base import GraphStep
 
-from ..models.eagle_head import EagleDraftHead
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .slot_state import SlotState, StepBatch
@@ -35,11 +34,11 @@ def _causal_mask(lens: torch.Tensor, t: int, lk: int) -> torch.Tensor:
 
 class EagleDrafter:
     """EAGLE head + `EagleDraftWorker`; the head's cache is allocated before any capture. The head
-    is the embedded `EagleDraftHead` or a published one (`HFEagleHead`): both have its calls
-    (``forward``, ``initial_state``, ``extend``, ``allocate_cache``, ``row_template``, ``cfg.dim`` /
-    ``cfg.max_len``, ``embed_w``)."""
+    is a published EAGLE-1/2 or EAGLE-3 one (`HFEagleHead`, the embedded default's too), or any
+    module with its calls (``forward``, ``initial_state``, ``extend``, ``allocate_cache``,
+    ``row_template``, ``cfg.dim`` / ``cfg.max_len``, ``embed_w``)."""
 
-    def __init__(self, args: RuntimeArgs, head: EagleDraftHead | HFEagleHead, slots: int) -> None:
+    def __init__(self, args: RuntimeArgs, head: HFEagleHead, slots: int) -> None:
         self.head = head
         head.allocate_cache(slots)
         self.worker = EagleDraftWorker(args, head)

@@ -31,7 +31,6 @@ from draftgraph.runtime.capture_queue import MAX_THREADS
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.weights import WeightRefit
 
-from ..models.eagle_head import EagleDraftHead
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
@@ -57,8 +56,8 @@ DEFAULT_WATCH = AcceptanceWatch()  # frozen: one shared default
 
 
 class SpecDecodeEngine:
-    """Speculative decoding of ``target`` with ``draft`` (an `EagleDraftHead` or a
-    `MultiLayerDraft`) under ``args``; ``backend`` is the worker's graph backend ("auto",
+    """Speculative decoding of ``target`` with ``draft`` (a published EAGLE head,
+    `HFEagleHead`, or a `MultiLayerDraft`) under ``args``; ``backend`` is the worker's graph backend ("auto",
     "cuda", "compile", "trace") or "eager" (no graphs). ``adaptive_steps``: candidate S values
     switched by an `AdaptiveStepController` fed the real acceptance (None: fixed S).
 
@@ -99,7 +98,8 @@ class SpecDecodeEngine:
         if not isinstance(args, RuntimeArgs):
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
-            raise TypeError(f"target={type(target).__name__}: must be a TargetModel")
+            raise TypeError(f"target={type(target).__name__}: must be an HFTarget (or have its "
+                            f"new_cache and cfg)")
         check_backend = getattr(target, "check_backend", None)  # a target refusing a graph backend
         if check_backend is not None:
             check_backend(backend)
@@ -108,12 +108,12 @@ class SpecDecodeEngine:
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
-        if isinstance(draft, (EagleDraftHead, HFEagleHead)):
+        if isinstance(draft, HFEagleHead):
             self.drafter: EagleDrafter | MultiLayerDrafter = EagleDrafter(args, draft, self.max_slots + 1)
         elif isinstance(draft, MultiLayerDraft):
             self.drafter = MultiLayerDrafter(args, draft, self.max_slots + 1)
         else:
-            raise TypeError(f"draft={type(draft).__name__}: must be an EagleDraftHead, an HFEagleHead or a "
+            raise TypeError(f"draft={type(draft).__name__}: must be an HFEagleHead or a "
                             f"MultiLayerDraft")
         if isinstance(schedule, str):
             schedule = SpeculationSchedule.parse(schedule)

@@ -19,7 +19,7 @@ import torch
 
 from draftgraph.runtime import RuntimeArgs, load_runtime_args
 
-from ..models import default_models, greedy_generate
+from ..models import default_checkpoints, default_models, greedy_generate
 from ..models.corpus import held_out_prompts
 from ..models.defaults import DRAFT_KINDS
 from .engine import SpecDecodeEngine
@@ -202,25 +202,40 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, 
             own.uninstall()
 
 
-def _models_and_prompts(cfg: SimulationConfig) -> tuple[Any, Any, list[list[int]]]:
-    """(target, draft, prompts): the embedded models and byte prompts, or the transformers
-    checkpoints of ``cfg.target`` / ``cfg.draft`` with the held-out texts in the target's
-    vocabulary."""
+def _models_and_prompts(cfg: SimulationConfig) -> tuple[Any, Any, list[list[int]], dict[str, str]]:
+    """(target, draft, prompts, where each model came from): the embedded defaults (their
+    checkpoints, through the same loader) and byte prompts, or the transformers checkpoints of
+    ``cfg.target`` / ``cfg.draft`` with the held-out texts in the target's vocabulary."""
     texts = held_out_prompts(cfg.requests, seed=cfg.seed + 100)
     if cfg.target is None:
         target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
-        return target, draft, [list(p) for p in texts]
+        target_dir, head_dir = default_checkpoints(seed=cfg.seed)
+        source = {"target": str(target_dir), "draft": str(head_dir) if cfg.draft == "eagle" else "embedded"}
+        return target, draft, [list(p) for p in texts], source
     from ..models.hf_models import load_models
     from ..models.hf_text import load_tokenizer, prompts_for
 
     target, draft = load_models(cfg.target, cfg.draft, cfg.dtype, max_len=cfg.max_len)
-    return target, draft, prompts_for(texts, load_tokenizer(cfg.target, target.vocab_size), target.vocab_size)
+    prompts = prompts_for(texts, load_tokenizer(cfg.target, target.vocab_size), target.vocab_size)
+    return target, draft, prompts, {"target": str(cfg.target), "draft": str(cfg.draft)}
+
+
+def describe_models(target: Any, draft: Any, source: dict[str, str]) -> dict[str, str]:
+    """What serves, in words: the target's architecture (run by transformers' own model code)
+    and the draft's format, each with where it was loaded from."""
+    arch = target.describe()["architecture"] if hasattr(target, "describe") else type(target).__name__
+    if hasattr(draft, "describe"):
+        fmt = {"eagle1": "EAGLE-1/2", "eagle3": "EAGLE-3"}.get(draft.describe()["fmt"], "EAGLE")
+        head = f"{fmt} head (published layout) from {source['draft']}"
+    else:
+        head = f"{type(draft).__name__} ({source['draft']})"
+    return {"target": f"{arch} through transformers from {source['target']}", "draft": head}
 
 
 def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
                     reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
     rss0 = _rss_mib()
-    target, draft, prompts = _models_and_prompts(cfg)
+    target, draft, prompts, source = _models_and_prompts(cfg)
     rng = random.Random(cfg.seed)
     max_new = [rng.randint(cfg.min_new, cfg.max_new) for _ in prompts]
     arrivals, t = [], 0.0
@@ -293,6 +308,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     outs = [taken[i] if i in taken else _take(engine, i) for i in ids]
     st = engine.stats()
     report: dict[str, Any] = {
+        "models": describe_models(target, draft, source),
         "requests": len(ids), "requests_failed": st["requests_failed"], "loop_steps": step,
         "requested_tokens": sum(max_new[:len(ids)]),
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,

@@ -1,6 +1,8 @@
-"""Embedded default models: byte tokenizer, a small Llama-style target, an EAGLE draft head,
-a multi-layer (MTP-style) draft, first-use training with a cache, and the greedy reference; and
-`load_models`, a user's transformers checkpoint with a published EAGLE head (docs/models.md).
+"""Models: `load_models`, a user's transformers checkpoint (`HFTarget`) with a published EAGLE-1/2
+or EAGLE-3 head (`HFEagleHead`), docs/models.md; the embedded defaults on the same road (a
+transformers Llama target and an EAGLE-3 head over the byte tokenizer, trained at first use,
+cached, written as checkpoints and loaded through `load_models`); the multi-layer (MTP-style)
+draft and the greedy reference.
 
 `TinyDraftModel` / `make_draft_input` (the component's small test model and input maker) live in
 `draftgraph.runtime.testing` and are re-exported here for existing imports.
@@ -9,20 +11,21 @@ a multi-layer (MTP-style) draft, first-use training with a cache, and the greedy
 from __future__ import annotations
 
 from ..testing import TinyDraftModel, make_draft_input
-from .defaults import default_models, model_cache_dir
-from .eagle_head import EagleDraftHead
+from .defaults import default_checkpoints, default_models, model_cache_dir
 from .greedy import greedy_generate
+from .hf_eagle import HFEagleHead
 from .hf_models import load_models
+from .hf_target import HFTarget
 from .multi_layer import MultiLayerDraft
-from .target import TargetModel
 from .tokenizer import ByteTokenizer, default_tokenizer
 
 __all__ = [
     "ByteTokenizer",
-    "EagleDraftHead",
+    "HFEagleHead",
+    "HFTarget",
     "MultiLayerDraft",
-    "TargetModel",
     "TinyDraftModel",
+    "default_checkpoints",
     "default_models",
     "default_tokenizer",
     "greedy_generate",

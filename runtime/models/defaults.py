@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 from functools import lru_cache
@@ -41,17 +42,28 @@ import torch
 
 from ..private_dir import UnsafeFolderError, create_exclusive, open_lock, private_dir, read_regular
 from .corpus import load_corpus
-from .eagle_head import EagleConfig, EagleDraftHead
+from .default_spec import DRAFT_VOCAB, EAGLE3_LAYER_IDS, MAX_LEN, head_config, spec_dict, target_config
+from .hf_eagle import HFEagleHead
+from .hf_load import load_target
+from .hf_models import load_models
+from .hf_target import HFTarget
 from .multi_layer import MultiLayerConfig, MultiLayerDraft
-from .target import TargetConfig, TargetModel
-from .training import TrainPlan, distill_data, train_eagle, train_multi_layer, train_target
+from .training import (
+    TrainPlan,
+    distill_data,
+    draft_vocabulary,
+    init_eagle3,
+    train_eagle,
+    train_multi_layer,
+    train_target,
+)
 
-__all__ = ["default_models", "model_cache_dir", "DRAFT_KINDS"]
+__all__ = ["default_checkpoints", "default_models", "model_cache_dir", "DRAFT_KINDS"]
 
 logger = logging.getLogger(__name__)
 
 DRAFT_KINDS = ("eagle", "multi_layer")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a transformers Llama target and a published EAGLE-3 head
 MAX_WEIGHTS_BYTES = 1 << 30  # a cache file larger than this is not read (the default models: ~18 MB)
 _DIGEST_BYTES = 4096
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -91,8 +103,7 @@ def _fallback_dir() -> Path:
 
 
 def _cache_key(seed: int, plan: TrainPlan, digest: str) -> str:
-    spec = {"v": FORMAT_VERSION, "seed": seed, "plan": plan.__dict__, "corpus": digest,
-            "target": TargetConfig().as_dict(), "eagle": EagleConfig().as_dict(),
+    spec = {"v": FORMAT_VERSION, "seed": seed, "plan": plan.__dict__, "corpus": digest, "models": spec_dict(),
             "multi_layer": MultiLayerConfig().as_dict()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -121,25 +132,39 @@ def _progress_bar(total: int, desc: str):
 
 
 def _train_all(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
-    """Train the target, then distill both drafts; float32 state dicts."""
+    """Train the target, then distill both drafts; float32 state dicts (the target's and the
+    head's under their transformers / published key names)."""
+    from transformers import LlamaForCausalLM
+
     corpus = load_corpus()
     start = time.perf_counter()
-    target = TargetModel(TargetConfig(), seed=seed)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(target_config())
+    model.set_attn_implementation("sdpa")
     with _progress_bar(plan.total_steps, "draftgraph: training the default models (first use)") as bar:
         tick = bar.update if bar is not None else (lambda n: None)
-        loss_t = train_target(target, corpus.train, plan, seed, tick)
+        loss_t = train_target(model, corpus.train, plan, seed, tick)
+        target_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        target = HFTarget(model, MAX_LEN, feature_layers=_eagle3_streams())
         data = distill_data(target, corpus.train, plan, seed)
         tick(1)
-        eagle = EagleDraftHead(target, seed=seed)
+        torch.manual_seed(seed + 1)
+        eagle = HFEagleHead("eagle3", head_config(), target, draft_vocab_size=DRAFT_VOCAB, biased=frozenset())
+        init_eagle3(eagle, target, draft_vocabulary(data, DRAFT_VOCAB))
         loss_e = train_eagle(eagle, data, plan, seed, tick)
         multi = MultiLayerDraft(target, seed=seed)
         loss_m = train_multi_layer(multi, data, plan, seed, tick)
-    logger.info("trained default models in %.0f s (losses: target %.3f, eagle %.3f, multi-layer %.3f)",
+    logger.info("trained default models in %.0f s (losses: target %.3f, eagle-3 %.3f, multi-layer %.3f)",
                 time.perf_counter() - start, loss_t, loss_e, loss_m)
-    return {"target": target.state_dict(), "eagle": eagle.state_dict(),
+    return {"target": target_state, "eagle": {k: v.detach().clone() for k, v in eagle.state_dict().items()},
             "multi_layer": multi.state_dict(),
             "meta": {"losses": torch.tensor([loss_t, loss_e, loss_m]),
                      "train_s": torch.tensor(time.perf_counter() - start)}}
+
+
+def _eagle3_streams() -> tuple[int, ...]:
+    """The residual streams the default head reads (entering layer id + 1)."""
+    return tuple(i + 1 for i in EAGLE3_LAYER_IDS)
 
 
 def _load_cached(path: Path) -> dict[str, dict[str, torch.Tensor]] | None:
@@ -281,22 +306,84 @@ def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
         return weights
 
 
+def _export_complete(out: Path, key: str) -> bool:
+    try:
+        return (out / "complete").read_text().strip() == key
+    except OSError:
+        return False
+
+
+def _export(weights: dict, out: Path, key: str) -> None:
+    """Write the target with ``save_pretrained`` (``out/target``) and the head in its published
+    layout (``out/eagle3``: config.json, model.safetensors) through a temporary folder renamed
+    into place; ``out/complete`` holds the key last."""
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp", dir=out.parent))
+    try:
+        model = LlamaForCausalLM(target_config())
+        model.load_state_dict(weights["target"], strict=True)
+        model.save_pretrained(tmp / "target")
+        head_config().save_pretrained(tmp / "eagle3")
+        head = dict(weights["eagle"])
+        t2d = torch.zeros(target_config().vocab_size, dtype=torch.bool)  # published heads carry it
+        t2d[torch.arange(head["d2t"].numel()) + head["d2t"]] = True
+        tensors = {**{k: v.contiguous() for k, v in head.items()}, "t2d": t2d}
+        save_file(tensors, str(tmp / "eagle3" / "model.safetensors"))
+        (tmp / "complete").write_text(key + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("wrote the default models as checkpoints in %s (target: transformers LlamaForCausalLM; "
+                "head: EAGLE-3)", out)
+
+
+def default_checkpoints(seed: int = 0, plan: TrainPlan | None = None, rewrite: bool = False) -> tuple[Path, Path]:
+    """(target folder, head folder) of the default models: the target as a transformers
+    checkpoint (``AutoModelForCausalLM.from_pretrained`` loads it), the head in the published
+    EAGLE-3 layout; written beside the cached weights at first use (``rewrite``: again)."""
+    plan = plan or TrainPlan()
+    key = _cache_key(seed, plan, load_corpus().digest)
+    out = model_cache_dir() / f"default-{key}"
+    if rewrite or not _export_complete(out, key):
+        weights = _weights(seed, plan)
+        folder = model_cache_dir() if _writable(model_cache_dir()) else private_dir(_fallback_dir())
+        out = folder / f"default-{key}"
+        with _file_lock(folder / f"models-{key}.lock"):
+            if rewrite or not _export_complete(out, key):
+                _export(weights, out, key)
+    return out / "target", out / "eagle3"
+
+
 def default_models(seed: int = 0, draft: str = "eagle", device: str | torch.device = "cpu",
-                   plan: TrainPlan | None = None) -> tuple[TargetModel, torch.nn.Module]:
-    """(target, draft): the target in float64 and ``draft`` ("eagle": `EagleDraftHead`,
-    "multi_layer": `MultiLayerDraft`) in float32; fresh module instances on every call."""
+                   plan: TrainPlan | None = None) -> tuple[HFTarget, torch.nn.Module]:
+    """(target, draft), loaded from `default_checkpoints` through the user's path
+    (`load_models`): the target (a transformers ``LlamaForCausalLM`` as an `HFTarget`) in
+    float64; ``draft`` "eagle": the published EAGLE-3 head (`HFEagleHead`, the target's dtype),
+    "multi_layer": `MultiLayerDraft` (float32). Fresh module instances on every call. A damaged
+    checkpoint folder is written again from the cached weights, once."""
     if draft not in DRAFT_KINDS:
         raise ValueError(f"draft={draft!r}: must be one of {list(DRAFT_KINDS)}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed={seed!r}: must be an int")
-    weights = _weights(seed, plan or TrainPlan())
-    target = TargetModel(TargetConfig(), seed=seed)
-    target.load_state_dict(weights["target"])
-    target = target.double().to(device).eval().requires_grad_(False)
-    if draft == "eagle":
-        model: torch.nn.Module = EagleDraftHead(target, seed=seed)
-    else:
-        model = MultiLayerDraft(target, seed=seed)
-    model.load_state_dict(weights[draft])
-    model = model.to(device).eval().requires_grad_(False)
-    return target, model
+    plan = plan or TrainPlan()
+    for attempt in (0, 1):
+        target_dir, head_dir = default_checkpoints(seed, plan, rewrite=bool(attempt))
+        try:
+            if draft == "eagle":
+                return load_models(target_dir, head_dir, dtype="float64", device=device)
+            target = load_target(target_dir, dtype="float64", device=device)
+        except ValueError as exc:
+            if attempt:
+                raise
+            logger.warning("default model checkpoint in %s is damaged (%s); writing it again",
+                           target_dir.parent, str(exc)[:300])
+            continue
+        break
+    model = MultiLayerDraft(target, seed=seed)
+    model.load_state_dict(_weights(seed, plan)["multi_layer"])
+    return target, model.to(device).eval().requires_grad_(False)

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import torch
 
-from .target import TargetModel
+from .hf_target import HFTarget
 
 __all__ = ["greedy_generate", "prefill", "prefill_batch"]
 
 
-def _check_prompts(model: TargetModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def _check_prompts(model: HFTarget, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
     v, limit = model.vocab_size, model.cfg.max_len
@@ -28,7 +28,7 @@ def _check_prompts(model: TargetModel, prompts: Sequence[Sequence[int]], max_new
 
 
 @torch.no_grad()
-def prefill(model: TargetModel, cache, slot: int, prompt: Sequence[int]
+def prefill(model: HFTarget, cache, slot: int, prompt: Sequence[int]
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a prompt into ``slot`` (causal): (logits [T, V], hidden [T, d])."""
     dev = model.embed.weight.device
@@ -41,7 +41,7 @@ def prefill(model: TargetModel, cache, slot: int, prompt: Sequence[int]
 
 
 @torch.no_grad()
-def prefill_batch(target: TargetModel, prompts: Sequence[Sequence[int]]) -> tuple[object, list[list[int]]]:
+def prefill_batch(target: HFTarget, prompts: Sequence[Sequence[int]]) -> tuple[object, list[list[int]]]:
     """A cache of one slot per prompt (slot i + 1; 0 is the dummy) with every prompt prefilled
     one by one, and each prompt's first greedy token: (cache, [[token], ...])."""
     cache = target.new_cache(len(prompts) + 1)
@@ -53,7 +53,7 @@ def prefill_batch(target: TargetModel, prompts: Sequence[Sequence[int]]) -> tupl
 
 
 @torch.no_grad()
-def greedy_generate(target: TargetModel, prompts: Sequence[Sequence[int]],
+def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each.
 

@@ -24,18 +24,31 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from .eagle_head import DraftRows
 from .kv_cache import KVCache
 from .layers import cached_attention
 
-__all__ = ["FORMATS", "HFEagleConfig", "HFEagleHead"]
+__all__ = ["FORMATS", "DraftRows", "HFEagleConfig", "HFEagleHead"]
 
 FORMATS = ("eagle1", "eagle3")
+
+
+class DraftRows(NamedTuple):
+    """A head's per-row draft state (M rows): what one draft token needs, as named tensors, so
+    that the worker's row re-selection (tree parents) carries all of it (`runtime.draft_rows`).
+    ``position`` is where the row's token sits, ``base`` the request's committed length (the
+    draft cache holds positions < base), ``ancestors`` the K/V of the tokens drafted before it in
+    this step (exact tree attention). Pad rows (all zeros) read the dummy slot 0."""
+
+    feature: torch.Tensor  # [M, dim], the head's dtype
+    slot: torch.Tensor  # [M] int64, the request's cache slot
+    position: torch.Tensor  # [M] int64, this row's token position
+    base: torch.Tensor  # [M] int64, the request's committed length
+    ancestors: torch.Tensor  # [M, max_ancestors, layers, 2, kv_heads, head_dim]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +300,47 @@ class HFEagleHead(nn.Module):
                                    scale=self.cfg.head_dim ** -0.5)
             out = self._finish(layer, residual, att)
         return out, self._logits(out)
+
+    # ---- training (first use of the default head) ----------------------------------------------
+    def train_forward(self, feats: torch.Tensor, next_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two passes over [B, T], as the engine runs the head: pass 0 as `extend` (the target's
+        features, causal), pass 1 as the first draft call (row t at position t + 1 fed pass 0's
+        output at t and the token after, attending to pass 0's keys at positions <= t and
+        itself). Returns (pass-0 logits [B, T, V], pass-1 logits [B, T - 1, V]), float32 over
+        the target's vocabulary (EAGLE-3: -inf outside the draft vocabulary)."""
+        t = feats.shape[1]
+        pos = torch.arange(t, device=feats.device).expand(feats.shape[0], t)
+        causal = torch.ones(t, t, dtype=torch.bool, device=feats.device).tril()
+        x, residual = self._inputs(feats.to(self.dtype), next_tokens, from_target=True)
+        out, keys = self._train_pass(x, residual, pos, [], causal)
+        x1, residual1 = self._inputs(out[:, :-1], next_tokens[:, 1:], from_target=False)
+        before = torch.ones(t - 1, t, dtype=torch.bool, device=feats.device).tril()  # key s <= row t
+        mask1 = torch.cat([before, torch.eye(t - 1, dtype=torch.bool, device=feats.device)], -1)
+        out1, _ = self._train_pass(x1, residual1, pos[:, 1:], keys, mask1)
+        return self._logits(out), self._logits(out1)
+
+    def _train_pass(self, x: torch.Tensor, residual: torch.Tensor, pos: torch.Tensor,
+                    earlier: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Every layer over rows [B, T'] attending under ``mask`` [T', Tk] to ``earlier``'s K/V per
+        layer (a pass before this one) followed by this pass's own; returns (output, own K/V)."""
+        c = self.cfg
+        g = c.n_heads // c.n_kv_heads
+        out, own = residual, []
+        for i, layer in enumerate(self._blocks()):
+            if i:
+                residual = out
+                x = self._next_input(i, out)
+            q, k, v = self._qkv(layer, x, pos)  # [B, T', H, hd], [B, T', Hk, hd]
+            own.append((k, v))
+            if earlier:
+                k = torch.cat([earlier[i][0], k], 1)
+                v = torch.cat([earlier[i][1], v], 1)
+            k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+            att = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                            v.transpose(1, 2), attn_mask=mask)
+            out = self._finish(layer, residual, att.transpose(1, 2).flatten(2))
+        return out, own
 
     def describe(self) -> dict[str, Any]:
         """The head's identity for logs and stats (format, widths, the target layers it reads)."""

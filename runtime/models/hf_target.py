@@ -149,6 +149,16 @@ class HFTarget(nn.Module):
         """The input embedding (its weight's device is the model's)."""
         return self.model.get_input_embeddings()
 
+    @property
+    def final_norm(self) -> nn.Module:
+        """The final norm (its ``weight`` and ``variance_epsilon``)."""
+        return self.model.base_model.norm
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The output projection (its ``weight`` [V, H])."""
+        return self.model.get_output_embeddings()
+
     def check_backend(self, backend: str) -> None:
         """Refuse a graph ``backend`` this model cannot be captured under (dynamic RoPE)."""
         check_backend(self.model.config, backend)
@@ -161,7 +171,7 @@ class HFTarget(nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of last-layer features (the final norm, then the LM head)."""
-        return self.model.get_output_embeddings()(self.model.base_model.norm(hidden))
+        return self.lm_head(self.final_norm(hidden))
 
     def forward(self, tokens: torch.Tensor, rope_pos: torch.Tensor, write_pos: torch.Tensor, slots: Any,
                 mask: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:

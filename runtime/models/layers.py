@@ -1,5 +1,6 @@
-"""Llama-style building blocks shared by the default models: RMSNorm, RoPE, SwiGLU and attention
-over a static per-slot KV cache.
+"""Building blocks of the multi-layer draft (RMSNorm, SwiGLU, the target's head) and attention
+over a static per-slot KV cache (the ``draftgraph`` attention of transformers targets, a
+published head's `extend`).
 
 Cache layout: ``k_cache`` / ``v_cache`` [slots, max_len, kv_heads, head_dim]. Slot 0 is the
 engine's dummy slot: pad entries write there, so they never touch a live request's cache.
@@ -12,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["RMSNorm", "SwiGLU", "TargetHeadCopy", "rope_tables", "apply_rope", "cached_attention"]
+__all__ = ["RMSNorm", "SwiGLU", "TargetHeadCopy", "cached_attention"]
 
 
 class RMSNorm(nn.Module):
@@ -41,14 +42,15 @@ class SwiGLU(nn.Module):
 
 
 class TargetHeadCopy(nn.Module):
-    """Base of the drafts: frozen float32 copies of the target's embedding, final norm and
-    lm_head (non-persistent buffers: the target's weights are not saved with the draft)."""
+    """Base of the multi-layer draft: frozen float32 copies of the target's (an `HFTarget`'s)
+    embedding, final norm and lm_head (non-persistent buffers: the target's weights are not
+    saved with the draft)."""
 
     def share_target(self, target: nn.Module) -> None:
         self.register_buffer("embed_w", target.embed.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("norm_w", target.norm.weight.detach().float().clone(), persistent=False)
+        self.register_buffer("norm_w", target.final_norm.weight.detach().float().clone(), persistent=False)
         self.register_buffer("lm_w", target.lm_head.weight.detach().float().clone(), persistent=False)
-        self.norm_eps = target.norm.eps
+        self.norm_eps = target.final_norm.variance_epsilon
 
     @property
     def vocab_size(self) -> int:
@@ -58,22 +60,6 @@ class TargetHeadCopy(nn.Module):
         """The target's final norm and lm_head on draft features."""
         x = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.norm_w
         return x @ self.lm_w.t()
-
-
-def rope_tables(max_len: int, head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_len, head_dim // 2] in float64 (cast by the caller)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
-    return ang.cos(), ang.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :h/2], x[..., h/2:]) of x [..., heads, head_dim] by cos/sin [..., head_dim/2]
-    (cos/sin broadcast over the heads dim, given without it)."""
-    half = x.shape[-1] // 2
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
