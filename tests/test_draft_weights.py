@@ -26,9 +26,11 @@ TINY = SpeculativeConfig(3, 2, 6)  # the tiny workers' draft shape
 
 
 def _random_like(sd: dict, seed: int = 1) -> dict:
+    """Random floating weights of the same shapes; integer tensors (an EAGLE-3 head's ``d2t``
+    id map) kept, so the head still drafts ids of the target's vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     return {k: torch.randn(v.shape, generator=gen, dtype=v.dtype) * float(v.float().std() + 0.1)
-            for k, v in sd.items()}
+            if v.is_floating_point() else v.clone() for k, v in sd.items()}
 
 
 def _phase(engine: SpecDecodeEngine, n: int = 8) -> tuple[list[list[int]], float]:
@@ -72,27 +74,30 @@ def test_the_passed_model_is_copied():
     assert outs == reference()[:4] and acc > 2.0
 
 
+# the default EAGLE-3 head's keys (published layout)
+O_PROJ, Q_PROJ = "midlayer.self_attn.o_proj.weight", "midlayer.self_attn.q_proj.weight"
+UP_PROJ = "midlayer.mlp.up_proj.weight"
 BAD = [
     ("missing", lambda sd: {k: v for k, v in sd.items() if k != "fc.weight"}, ValueError,
      "missing keys \\['fc.weight'\\]"),
     ("unknown", lambda sd: {**sd, "extra.weight": torch.zeros(2)}, ValueError,
      "unknown keys \\['extra.weight'\\]"),
-    ("shape", lambda sd: {**sd, "wo.weight": sd["wo.weight"][:, :-1]}, ValueError,
-     "state_dict\\['wo.weight'\\] has shape"),
-    ("dtype", lambda sd: {**sd, "fc.weight": sd["fc.weight"].double()}, TypeError,
-     "state_dict\\['fc.weight'\\] has dtype torch.float64"),
-    ("nan", lambda sd: {**sd, "mlp.up.weight": sd["mlp.up.weight"].clone().fill_(float("nan"))}, ValueError,
-     "state_dict\\['mlp.up.weight'\\] holds NaN"),
-    ("inf", lambda sd: {**sd, "wq.weight": torch.full_like(sd["wq.weight"], float("inf"))}, ValueError,
-     "'wq.weight'\\] holds NaN or inf"),
-    ("device", lambda sd: {**sd, "wq.weight": sd["wq.weight"].to("meta")}, ValueError, "'wq.weight'\\] is on meta"),
-    ("not a tensor", lambda sd: {**sd, "wq.weight": [1.0, 2.0]}, TypeError, "state_dict\\['wq.weight'\\]=list"),
+    ("shape", lambda sd: {**sd, O_PROJ: sd[O_PROJ][:, :-1]}, ValueError,
+     rf"state_dict\['{O_PROJ}'\] has shape"),
+    ("dtype", lambda sd: {**sd, "fc.weight": sd["fc.weight"].float()}, TypeError,  # the head is float64
+     "state_dict\\['fc.weight'\\] has dtype torch.float32"),
+    ("nan", lambda sd: {**sd, UP_PROJ: sd[UP_PROJ].clone().fill_(float("nan"))}, ValueError,
+     rf"state_dict\['{UP_PROJ}'\] holds NaN"),
+    ("inf", lambda sd: {**sd, Q_PROJ: torch.full_like(sd[Q_PROJ], float("inf"))}, ValueError,
+     rf"'{Q_PROJ}'\] holds NaN or inf"),
+    ("device", lambda sd: {**sd, Q_PROJ: sd[Q_PROJ].to("meta")}, ValueError, rf"'{Q_PROJ}'\] is on meta"),
+    ("not a tensor", lambda sd: {**sd, Q_PROJ: [1.0, 2.0]}, TypeError, rf"state_dict\['{Q_PROJ}'\]=list"),
     ("not a mapping", lambda sd: list(sd.items()), TypeError, "must be a mapping"),
     # issue 32: finite but beyond what the draft computes with; a sparse tensor
-    ("huge", lambda sd: {**sd, "wq.weight": torch.full_like(sd["wq.weight"], 1e38)}, ValueError,
-     "'wq.weight'\\] holds a value of magnitude 1e\\+38"),
-    ("sparse", lambda sd: {**sd, "wq.weight": sd["wq.weight"].to_sparse()}, TypeError,
-     "'wq.weight'\\] is a torch.sparse_coo tensor"),
+    ("huge", lambda sd: {**sd, Q_PROJ: torch.full_like(sd[Q_PROJ], 1e38)}, ValueError,
+     rf"'{Q_PROJ}'\] holds a value of magnitude 1e\+38"),
+    ("sparse", lambda sd: {**sd, Q_PROJ: sd[Q_PROJ].to_sparse()}, TypeError,
+     rf"'{Q_PROJ}'\] is a torch.sparse_coo tensor"),
 ]
 
 

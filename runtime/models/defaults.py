@@ -306,17 +306,17 @@ def _weights(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]:
         return weights
 
 
-def _export_complete(out: Path, key: str) -> bool:
+def _export_complete(out: Path, stamp: str) -> bool:
     try:
-        return (out / "complete").read_text().strip() == key
+        return (out / "complete").read_text().strip() == stamp
     except OSError:
         return False
 
 
-def _export(weights: dict, out: Path, key: str) -> None:
+def _export(weights: dict, out: Path, stamp: str) -> None:
     """Write the target with ``save_pretrained`` (``out/target``) and the head in its published
     layout (``out/eagle3``: config.json, model.safetensors) through a temporary folder renamed
-    into place; ``out/complete`` holds the key last."""
+    into place; ``out/complete`` holds ``stamp``, written last."""
     from safetensors.torch import save_file
     from transformers import LlamaForCausalLM
 
@@ -331,7 +331,7 @@ def _export(weights: dict, out: Path, key: str) -> None:
         t2d[torch.arange(head["d2t"].numel()) + head["d2t"]] = True
         tensors = {**{k: v.contiguous() for k, v in head.items()}, "t2d": t2d}
         save_file(tensors, str(tmp / "eagle3" / "model.safetensors"))
-        (tmp / "complete").write_text(key + "\n")
+        (tmp / "complete").write_text(stamp + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.rename(tmp, out)
@@ -342,20 +342,33 @@ def _export(weights: dict, out: Path, key: str) -> None:
                 "head: EAGLE-3)", out)
 
 
+def _fingerprint(weights: dict, key: str) -> str:
+    """The export's stamp: the cache key and a digest of the weights it was written from (a
+    bundle trained again after damage writes its checkpoints again)."""
+    h = hashlib.sha256(key.encode())
+    for part in ("target", "eagle"):
+        for name, t in sorted(weights[part].items()):
+            h.update(name.encode())
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return f"{key}:{h.hexdigest()[:16]}"
+
+
 def default_checkpoints(seed: int = 0, plan: TrainPlan | None = None, rewrite: bool = False) -> tuple[Path, Path]:
     """(target folder, head folder) of the default models: the target as a transformers
     checkpoint (``AutoModelForCausalLM.from_pretrained`` loads it), the head in the published
-    EAGLE-3 layout; written beside the cached weights at first use (``rewrite``: again)."""
+    EAGLE-3 layout; written beside the cached weights (checked on every load, trained at first
+    use) when missing or written from other weights (``rewrite``: again)."""
     plan = plan or TrainPlan()
     key = _cache_key(seed, plan, load_corpus().digest)
+    weights = _weights(seed, plan)
+    stamp = _fingerprint(weights, key)
     out = model_cache_dir() / f"default-{key}"
-    if rewrite or not _export_complete(out, key):
-        weights = _weights(seed, plan)
+    if rewrite or not _export_complete(out, stamp):
         folder = model_cache_dir() if _writable(model_cache_dir()) else private_dir(_fallback_dir())
         out = folder / f"default-{key}"
         with _file_lock(folder / f"models-{key}.lock"):
-            if rewrite or not _export_complete(out, key):
-                _export(weights, out, key)
+            if rewrite or not _export_complete(out, stamp):
+                _export(weights, out, stamp)
     return out / "target", out / "eagle3"
 
 
