@@ -1,7 +1,8 @@
-"""Named draft rows: a published EAGLE head (`HFEagleHead`, over a tiny random transformers Llama
-target) takes slot, position and base as int64 tensors (not float columns); the worker drafts a chain, a dynamic tree and a static tree over them, eager and
-replayed, and its answers equal those of the same head behind the old one-float-row packing
-(a tensor-form model, whose row ops the SGLang differential tests pin)."""
+"""Named draft rows: a published EAGLE head (`HFEagleHead`, over a tiny random transformers
+Llama target) takes slot, position and base as int64 tensors (not float columns); the worker
+drafts a chain, a dynamic tree and a static tree over them, eager and replayed, and its answers
+equal those of the same head behind the old one-float-row packing (a tensor-form model, whose
+row ops the SGLang differential tests pin)."""
 
 from __future__ import annotations
 
