@@ -47,6 +47,9 @@ def test_simulate_reload_applies(tmp_path):
     assert [x["ok"] for x in r["reloads"]["recent"]] == [True]
     assert r["reloads"]["applied"] == 1 and r["reloads"]["failed"] == 0
     assert r["spec"][:3] == [2, 2, 4] and r["lossless"] is True
+    target, draft = r["models"]["target"], r["models"]["draft"]  # the demo's models, said in the report
+    assert target.startswith("LlamaForCausalLM through transformers from ") and target.endswith("/target")
+    assert draft.startswith("EAGLE-3 head (published layout) from ") and draft.endswith("/eagle3")
 
 
 @pytest.mark.parametrize("argv,frag", [(["simulate", "--no-such-flag"], "unrecognized"),
@@ -62,6 +65,9 @@ def test_generate_prints_text_and_speedup():
     p = _run("generate", "def main():\n    ", "--max-new-tokens", "24", "--backend", "eager")
     assert p.returncode == 0, p.stderr
     assert "identical to greedy: True" in p.stdout and "speedup" in p.stdout
+    # the embedded default runs the user's road: a transformers checkpoint and a published head
+    assert "-- target: LlamaForCausalLM through transformers from " in p.stdout
+    assert "-- draft: EAGLE-3 head (published layout) from " in p.stdout
 
 
 def test_simulate_two_ranks_same_generation_every_step(tmp_path):

@@ -176,8 +176,12 @@ def _generate(ns: argparse.Namespace) -> int:
     if ns.target is None:
         if ns.draft not in DRAFT_KINDS:
             raise ValueError(f"--draft={ns.draft!r}: without --target it must be one of {list(DRAFT_KINDS)}")
+        from ..models import default_checkpoints
+
         tok = default_tokenizer()
         target, draft = default_models(seed=ns.seed, draft=ns.draft)
+        target_dir, head_dir = default_checkpoints(seed=ns.seed)
+        source = {"target": str(target_dir), "draft": str(head_dir) if ns.draft == "eagle" else "embedded"}
     else:
         from ..models.hf_models import load_models
         from ..models.hf_text import load_tokenizer
@@ -186,8 +190,9 @@ def _generate(ns: argparse.Namespace) -> int:
             raise ValueError(f"--target={ns.target!r}: needs --draft DIR (a published EAGLE head's folder)")
         target, draft = load_models(ns.target, ns.draft, ns.dtype, max_len=ns.max_len)
         tok = load_tokenizer(ns.target, target.vocab_size)
+        source = {"target": str(ns.target), "draft": str(ns.draft)}
     ids = tok.encode(ns.text)
-    from .simulate import wait_with_progress
+    from .simulate import describe_models, wait_with_progress
 
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                               progress=wait_with_progress)
@@ -203,6 +208,8 @@ def _generate(ns: argparse.Namespace) -> int:
     print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
           f"speedup {greedy_s / spec_s:.2f}x over greedy ({len(out) / spec_s:.0f} vs "
           f"{len(ref) / greedy_s:.0f} tokens/s), identical to greedy: {out == ref}")
+    models = describe_models(target, draft, source)
+    print(f"-- target: {models['target']}\n-- draft: {models['draft']}")
     return 0
 
 
