@@ -63,7 +63,7 @@ class Stream:
 
 class EngineBridge:
     """Drives ``engine`` from one thread (see the module docstring). ``max_waiting``: live
-    requests beyond the running batch before `submit` raises `QueueFull`."""
+    requests beyond the engine's slots (``max_slots``) before `submit` raises `QueueFull`."""
 
     def __init__(self, engine: Any, max_waiting: int, on_drained: Callable[[], None] | None = None) -> None:
         self.engine = engine
@@ -103,7 +103,7 @@ class EngineBridge:
         ``max_waiting``, the engine's ValueError for a request it cannot serve."""
         loop = asyncio.get_running_loop()
         with self._wake:
-            waiting = len(self._live) - min(self.running, len(self._live))
+            waiting = len(self._live) - self.engine.max_slots  # those the next admission leaves waiting
             if waiting >= self.max_waiting:
                 raise QueueFull(f"{waiting} requests wait already (--max-waiting={self.max_waiting})")
             rid = self.engine.add_request(list(prompt_ids), max_tokens)
