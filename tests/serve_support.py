@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from functools import lru_cache
 
 MODEL = "draftgraph-default"
 START_TIMEOUT_S = 240.0  # models from the cache and, with graphs, their capture on a loaded 2-core box
@@ -98,24 +97,38 @@ def metric(text: str, name: str) -> float:
     return total
 
 
-@lru_cache(maxsize=64)
-def greedy_ids(prompt: tuple[int, ...], max_tokens: int) -> tuple[int, ...]:
-    """The target's greedy continuation (the oracle), cut after EOS as a server stops there."""
+_GREEDY: dict[tuple[int, ...], tuple[int, ...]] = {}  # prompt -> its longest greedy continuation so far
+
+
+def greedy_ids(prompts: list[tuple[int, ...]], max_tokens: int) -> list[tuple[int, ...]]:
+    """The target's greedy continuations (the oracle), decoded together for the prompts not
+    known this far yet, each cut after EOS as a server stops there."""
     from draftgraph.runtime.models import default_models, greedy_generate
     from draftgraph.runtime.models.tokenizer import EOS_ID
 
-    target, _ = default_models(seed=0, draft="eagle")
-    out = greedy_generate(target, [list(prompt)], max_tokens)[0]
-    return tuple(out[:out.index(EOS_ID) + 1] if EOS_ID in out else out)
+    todo = sorted({p for p in prompts if len(_GREEDY.get(p, ())) < max_tokens and EOS_ID not in _GREEDY.get(p, ())})
+    if todo:
+        target, _ = default_models(seed=0, draft="eagle")
+        for p, out in zip(todo, greedy_generate(target, [list(p) for p in todo], max_tokens)):
+            _GREEDY[p] = tuple(out)
+    outs = []
+    for p in prompts:
+        out = list(_GREEDY[p][:max_tokens])
+        outs.append(tuple(out[:out.index(EOS_ID) + 1] if EOS_ID in out else out))
+    return outs
 
 
-def greedy_text(text: str, max_tokens: int, stop: tuple[str, ...] = ()) -> str:
-    """What the server must answer for ``text``: the greedy continuation's text, cut at the
-    first stop string."""
+def greedy_texts(texts: list[str], max_tokens: int) -> list[str]:
+    """What the server must answer for each of ``texts``: the greedy continuation's text."""
     from draftgraph.runtime.models import default_tokenizer
 
     tok = default_tokenizer()
-    out = tok.decode(list(greedy_ids(tuple(tok.encode(text)), max_tokens)))
+    return [tok.decode(list(ids)) for ids in greedy_ids([tuple(tok.encode(t)) for t in texts], max_tokens)]
+
+
+def greedy_text(text: str, max_tokens: int, stop: tuple[str, ...] = ()) -> str:
+    """`greedy_texts` of one text, cut at the first stop string."""
+    out = greedy_texts([text], max_tokens)[0]
     cuts = [i for i in (out.find(s) for s in stop) if i >= 0]
     return out[:min(cuts)] if cuts else out
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import MODEL, ServerProcess, greedy_text, metric, plain_chat
+from serve_support import MODEL, ServerProcess, greedy_text, greedy_texts, metric, plain_chat
 
 pytestmark = pytest.mark.usefixtures("trained_models")
 
@@ -23,6 +23,7 @@ PROMPTS = ["Hello there", "The quick brown fox", "Once upon a time, in a land", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    greedy_texts(PROMPTS, 100)  # the oracle for every prompt, decoded together once
     srv = ServerProcess("--backend", "eager", "--max-running", "8", "--max-waiting", "8",
                         "--max-tokens-limit", "200", "--drain-s", "10",
                         log_dir=str(tmp_path_factory.mktemp("serve")))
@@ -105,7 +106,7 @@ def test_sixteen_concurrent_streams_each_equal_greedy(server):
             await aclient.close()
 
     got = _run(all_of())
-    assert got == [greedy_text(p, 24) for p in PROMPTS]
+    assert got == greedy_texts(PROMPTS, 24)
     server.wait_idle()
 
 
@@ -161,14 +162,15 @@ def test_bad_chat_message_names_its_index(client):
 
 
 def test_past_max_waiting_is_429_with_retry_after(server):
-    """24 long requests at once into 8 slots and 8 waiting places: some are refused with 429 and
+    """24 requests at once into 8 slots and 8 waiting places: some are refused with 429 and
     Retry-After, every accepted one still equals greedy."""
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(24)]
+    want = dict(zip(PROMPTS, greedy_texts(PROMPTS, 60)))
 
     async def all_of() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as c:
             return await asyncio.gather(*(c.post(server.url + "/v1/completions", json={
-                "model": MODEL, "prompt": p, "max_tokens": 120}) for p in prompts))
+                "model": MODEL, "prompt": p, "max_tokens": 60}) for p in prompts))
 
     answers = _run(all_of())
     refused = [r for r in answers if r.status_code == 429]
@@ -176,7 +178,7 @@ def test_past_max_waiting_is_429_with_retry_after(server):
     ok = [(p, r) for p, r in zip(prompts, answers) if r.status_code == 200]
     assert len(ok) + len(refused) == 24 and len(ok) >= 16
     for p, r in ok:
-        assert r.json()["choices"][0]["text"] == greedy_text(p, 120)
+        assert r.json()["choices"][0]["text"] == want[p]
     server.wait_idle()
 
 
@@ -188,7 +190,7 @@ def test_reload_during_streams_is_lossless(server):
     async def stream(c: httpx.AsyncClient, prompt: str) -> str:
         out = []
         async with c.stream("POST", server.url + "/v1/completions", json={
-                "model": MODEL, "prompt": prompt, "max_tokens": 160, "stream": True}) as r:
+                "model": MODEL, "prompt": prompt, "max_tokens": 100, "stream": True}) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     out.append(json.loads(line[6:])["choices"][0]["text"])
@@ -204,7 +206,7 @@ def test_reload_during_streams_is_lossless(server):
 
     outs, reload = _run(run())
     assert reload.status_code == 202, reload.text
-    assert outs == [greedy_text(p, 160) for p in PROMPTS[:4]]
+    assert outs == greedy_texts(PROMPTS[:4], 100)
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 8})
     assert r.json()["choices"][0]["text"] == greedy_text("Hello", 8)
     assert server.health()["generation"] > gen0
@@ -221,7 +223,7 @@ def test_profile_window_answers_trace_and_table(server):
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as c:
             gen = asyncio.create_task(c.post(server.url + "/v1/completions", json={
-                "model": MODEL, "prompt": "The engine steps", "max_tokens": 150}))
+                "model": MODEL, "prompt": "The engine steps", "max_tokens": 100}))
             await asyncio.sleep(0.2)
             prof = await c.post(server.url + "/admin/profile", json={"steps": 3})
             await gen
@@ -252,7 +254,7 @@ def test_health_answers_while_streams_run(server):
     async def run() -> float:
         async with httpx.AsyncClient(timeout=120) as c:
             tasks = [asyncio.create_task(c.post(server.url + "/v1/completions", json={
-                "model": MODEL, "prompt": p, "max_tokens": 100})) for p in PROMPTS[:8]]
+                "model": MODEL, "prompt": p, "max_tokens": 60})) for p in PROMPTS[:8]]
             await asyncio.sleep(0.3)
             worst = 0.0
             for _ in range(5):

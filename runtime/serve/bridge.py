@@ -165,6 +165,7 @@ class EngineBridge:
                 ended = engine.step()
             except Exception as exc:  # the step's batch fails; the server serves on
                 self._fail_batch(exc)
+                time.sleep(IDLE_WAIT_S)  # a fault that repeats is not retried in a hot loop
                 continue
             self.steps += 1
             self.running = len(engine.running)
