@@ -91,6 +91,7 @@ def test_stop_string_cuts_the_answer(client):
 
 
 def test_sixteen_concurrent_streams_each_equal_greedy(server):
+    server.wait_idle()  # an earlier test's aborted request ends at the next step: 16 places free
     aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
     async def one(prompt: str) -> str:
@@ -111,6 +112,7 @@ def test_sixteen_concurrent_streams_each_equal_greedy(server):
 
 
 def test_disconnect_mid_stream_frees_the_slot(server):
+    server.wait_idle()
     before = metric(httpx.get(server.url + "/metrics").text, "draftgraph_requests_aborted_total")
     with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
                       json={"model": MODEL, "prompt": "A long time ago", "max_tokens": 190, "stream": True}) as r:
@@ -164,6 +166,7 @@ def test_bad_chat_message_names_its_index(client):
 def test_past_max_waiting_is_429_with_retry_after(server):
     """24 requests at once into 8 slots and 8 waiting places: some are refused with 429 and
     Retry-After, every accepted one still equals greedy."""
+    server.wait_idle()
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(24)]
     want = dict(zip(PROMPTS, greedy_texts(PROMPTS, 60)))
 
