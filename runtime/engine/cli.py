@@ -213,6 +213,11 @@ def _generate(ns: argparse.Namespace) -> int:
 
 def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     """`draftgraph serve`: the socket is bound before the models load (a port in use exits 2)."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
     from ..serve.server import bind_socket, run_server
