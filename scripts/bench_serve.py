@@ -13,7 +13,7 @@ A reload run: the same clients for T seconds with a reload (S=3 -> S=2, `POST /a
 third of the way in; the window "while the reload recaptures" runs from the POST until the new
 generation serves plus 0.5 s. Target: p99 ITL inside the window <= 2x the p50 outside it.
 ``--plot PATH`` draws ITL over that run (needs matplotlib). Prints a table and JSON
-(``--json PATH`` writes it); ``--quick``: the eager backend, 1 round of 4 s.
+(``--json PATH`` writes it). Default: 5 rounds of 8 s; ``--quick``: the eager backend, 1 round of 4 s.
 """
 
 from __future__ import annotations
@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--plot", default=None, metavar="PATH", help="ITL over the reload run (PNG)")
     a = p.parse_args(argv)
     backend = a.backend or ("eager" if a.quick else "auto")
-    seconds = a.seconds or (4.0 if a.quick else 20.0)
-    rounds = a.rounds or (1 if a.quick else 3)
+    seconds = a.seconds or (4.0 if a.quick else 8.0)
+    rounds = a.rounds or (1 if a.quick else 5)
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
     from draftgraph.runtime.engine import SpecDecodeEngine
     from draftgraph.runtime.engine.loading import load_text_models

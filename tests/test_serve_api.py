@@ -125,6 +125,17 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     assert after == before + 1
 
 
+def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(server):
+    server.wait_idle()
+    before = metric(httpx.get(server.url + "/metrics").text, "draftgraph_requests_aborted_total")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url + "/v1/completions", timeout=httpx.Timeout(30, read=0.3),
+                   json={"model": MODEL, "prompt": "A long time ago", "max_tokens": 200})
+    server.wait_idle()
+    after = metric(httpx.get(server.url + "/metrics").text, "draftgraph_requests_aborted_total")
+    assert after == before + 1
+
+
 BAD = [  # (body or raw bytes, the field the 400 must name, a word of the rule)
     ({"model": MODEL, "prompt": "x", "temperature": 0.7}, "temperature", "only 0"),
     ({"model": MODEL, "prompt": "x", "n": 2}, "n", "only 1"),

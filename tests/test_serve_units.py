@@ -77,11 +77,11 @@ class _Bytes:
 
 def test_text_cursor_holds_back_a_possible_stop_and_a_partial_character():
     cur = TextCursor(_Bytes(), stop=["END"])
-    ids = list("abcEN".encode())
+    ids = list(b"abcEN")
     assert cur.advance(ids, False) == "abc"  # "EN" could start "END"
     ids += list("é".encode())[:1]
     assert cur.advance(ids, False) == ""  # a partial character is held back (and "EN" still)
-    ids += list("é".encode())[1:] + list("xEND tail".encode())
+    ids += list("é".encode())[1:] + list(b"xEND tail")
     assert cur.advance(ids, False) == "ENéx" and cur.stopped
     assert cur.advance(ids + [65], True) == ""
 

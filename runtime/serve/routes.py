@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -101,6 +100,8 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
         stream = st.bridge.submit(ids, req.max_tokens)
     except BadRequest as exc:
         return error_response(exc.status, str(exc), exc.field)
+    except ClientDisconnect:  # gone while sending its body: nothing was enqueued
+        return Response(status_code=400)
     except QueueFull as exc:
         return error_response(429, f"too many requests: {exc}", headers={"Retry-After": str(st.config.retry_after_s)})
     except (ValueError, TypeError) as exc:  # the engine's own checks (a request it cannot serve)
@@ -110,7 +111,7 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
     if req.stream:
         return StreamingResponse(reply.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await reply.whole()
+    return await reply.whole(request)
 
 
 class _Reply:
@@ -121,13 +122,16 @@ class _Reply:
         self.cursor = TextCursor(st.tokenizer, req.stop)
         self.chat = req.kind == "chat"
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """New text as committed; ends when the request ends or a stop string came. The request
-        is aborted when the reader stops early (a stop string, a client gone)."""
+    async def pieces(self, gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
+        """New text as committed; ends when the request ends, a stop string came or ``gone()``
+        says the client left. The request is aborted when the reader stops early (a stop string,
+        a client gone: a stream's generator is closed then)."""
         s = self.stream
         try:
             while True:
                 await s.changed(WAKE_S)
+                if gone is not None and await gone():
+                    return
                 done, error, tokens = s.done, s.error, s.tokens
                 if error is not None:
                     raise _StreamFailed(error)
@@ -174,9 +178,9 @@ class _Reply:
             yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 500}})
         yield "data: [DONE]\n\n"
 
-    async def whole(self) -> Response:
+    async def whole(self, request: Request) -> Response:
         try:
-            text = "".join([p async for p in self.pieces()])
+            text = "".join([p async for p in self.pieces(request.is_disconnected)])
         except _StreamFailed as exc:
             return error_response(500, str(exc))
         finish = self.finish_reason()
