@@ -7,11 +7,14 @@ streamed pieces (ITL: one piece per engine step, a step commits one or more toke
 p99, and errors. The same requests, in the same order and with the same concurrency, then run
 through a `SpecDecodeEngine` built in this process (``add_request`` / ``step`` / ``pop_result``):
 tokens/s of the bare engine. Rounds alternate server and engine; the ratio is the median of the
-rounds' ratios. Target: server >= 0.95x the engine at 8 streams.
+rounds' ratios. Target: server >= 0.95x the engine at 8 streams. CPU seconds per token (the
+server process, the clients, the bare engine) are reported too: on a shared machine they move
+less with other processes' load than tokens/s do.
 
 A reload run: the same clients for T seconds with a reload (S=3 -> S=2, `POST /admin/reload`) a
 third of the way in; the window "while the reload recaptures" runs from the POST until the new
-generation serves plus 0.5 s. Target: p99 ITL inside the window <= 2x the p50 outside it.
+generation serves plus 0.5 s (a gap between pieces counts in it when it overlaps it). Target:
+p99 ITL inside the window <= 2x the p50 outside it.
 ``--plot PATH`` draws ITL over that run (needs matplotlib). Prints a table and JSON
 (``--json PATH`` writes it). Default: 5 rounds of 8 s; ``--quick``: the eager backend, 1 round of 4 s.
 """
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
 from scripts.benchutil import emit, record, target
 
@@ -153,6 +157,12 @@ def bare_engine(engine: Any, tok: Any, prompts: list[str], streams: int, max_tok
     return tokens, time.perf_counter() - start
 
 
+def _cpu(p: psutil.Process) -> float:
+    """CPU seconds of ``p`` so far (user + system, every thread)."""
+    t = p.cpu_times()
+    return t.user + t.system
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -230,10 +240,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     proc, url = start_server(backend, a.streams)
     try:
         asyncio.run(_clients(url, a.streams, 1.0, 8))  # warm
-        server_tps, bare_tps, ratios, traces = [], [], [], []
+        server_tps, bare_tps, ratios, traces, cpu = [], [], [], [], {"server": 0.0, "client": 0.0, "engine": 0.0}
+        sproc, me = psutil.Process(proc.pid), psutil.Process()
+        tokens_all = {"server": 0, "engine": 0}
         for _ in range(rounds):
+            c0, m0 = _cpu(sproc), _cpu(me)
             tr = asyncio.run(_clients(url, a.streams, seconds, a.max_tokens))
+            c1, m1 = _cpu(sproc), _cpu(me)
             tokens, wall = bare_engine(engine, tok, tr.prompts, a.streams, a.max_tokens)
+            cpu["server"] += c1 - c0
+            cpu["client"] += m1 - m0
+            cpu["engine"] += _cpu(me) - m1
+            tokens_all["server"] += tr.tokens
+            tokens_all["engine"] += tokens
             server_tps.append(tr.tokens / tr.wall_s)
             bare_tps.append(tokens / wall)
             ratios.append(server_tps[-1] / bare_tps[-1])
@@ -248,8 +267,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         engine.close()
     ttft = [x for tr in traces for x in tr.ttft]
     itl = [g for tr in traces for _, g in tr.itl]
-    inside = [g for t, g in rtr.itl if post <= t <= swap + 0.5]
-    outside = [g for t, g in rtr.itl if not post <= t <= swap + 0.5]
+    # a gap belongs to the window when it overlaps it (the gap a reload's pause makes ends after it)
+    in_window = [t >= post and t - g <= swap + 0.5 for t, g in rtr.itl]
+    inside = [g for (_, g), w in zip(rtr.itl, in_window) if w]
+    outside = [g for (_, g), w in zip(rtr.itl, in_window) if not w]
     reload_ratio = _pct(inside, 99) / _pct(outside, 50)
     ratio = statistics.median(ratios)
     v_ratio = target(f"server tokens/s >= {TARGET_RATIO}x bare engine at {a.streams} streams", ratio, ">=",
@@ -277,7 +298,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "reload_window_s": swap + 0.5 - post, "met": v_reload["met"]}]
     cols = ["case", "server_tok_s", "engine_tok_s", "ratio", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
             "itl_p99_ms", "errors", "reload_window_s", "met"]
-    extra: dict[str, Any] = {"records": records, "round_ratios": ratios, "load_avg": os.getloadavg()}
+    cpu_per_token = {"server_ms": cpu["server"] / max(1, tokens_all["server"]) * 1e3,
+                     "client_ms": cpu["client"] / max(1, tokens_all["server"]) * 1e3,
+                     "engine_ms": cpu["engine"] / max(1, tokens_all["engine"]) * 1e3}
+    extra: dict[str, Any] = {"records": records, "round_ratios": ratios, "load_avg": os.getloadavg(),
+                             "cpu_per_token": cpu_per_token}
     if a.plot:
         extra["plot"] = plot(rtr, post, swap, a.plot)
     return emit("serve", rows, cols, extra, a.json)
