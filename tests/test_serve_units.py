@@ -44,6 +44,14 @@ def test_admin_answers_loopback_or_the_token_else_403(host, token, headers, allo
     assert status == (503 if allowed else 403)
 
 
+def test_a_non_loopback_host_without_token_warns_that_admin_is_off():
+    from draftgraph.runtime.serve.admin import admin_warning
+
+    assert "admin routes are off" in admin_warning("0.0.0.0", None)
+    assert admin_warning("0.0.0.0", TOKEN) is None and admin_warning("127.0.0.1", None) is None
+    assert TOKEN not in repr(ServeConfig(admin_token=TOKEN))
+
+
 @pytest.mark.parametrize("data, field", [
     ({"model": "m", "prompt": "x", "top_p": 0.5}, "top_p"),
     ({"model": "m", "prompt": ["a", "b"]}, "prompt"),

@@ -24,7 +24,8 @@ from draftgraph.runtime.engine.profiling import StepProfiler
 from .bridge import EngineBridge
 from .validation import BadRequest
 
-__all__ = ["admin_allowed", "reload_args_from_body", "profile_window", "read_token_file", "MAX_PROFILE_STEPS"]
+__all__ = ["MAX_PROFILE_STEPS", "admin_allowed", "admin_warning", "profile_window", "read_token_file",
+           "reload_args_from_body"]
 
 MAX_PROFILE_STEPS = 1000
 PROFILE_WAIT_S = 120.0  # the most a profile request waits for its steps (an idle server steps none)
@@ -41,6 +42,14 @@ def read_token_file(path: str) -> str:
     if len(token) < 16:
         raise ValueError(f"--admin-token-file={path!r}: the token must have at least 16 characters")
     return token
+
+
+def admin_warning(host: str, token: str | None) -> str | None:
+    """The start-up warning of a server listening beyond loopback without a token (None: none)."""
+    if is_loopback(host) or token is not None:
+        return None
+    return (f"--host={host} is not loopback and no --admin-token-file was given: admin routes are off for "
+            f"every caller not on loopback")
 
 
 def admin_allowed(client_host: str | None, authorization: str | None, token: str | None) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ServeConfig", "MAX_BODY_BYTES"]
 
@@ -30,7 +30,7 @@ class ServeConfig:
     max_waiting: int = 64
     max_tokens_limit: int = 256
     drain_s: float = 30.0
-    admin_token: str | None = None
+    admin_token: str | None = field(default=None, repr=False)  # never in a log line
     reload_config: str | None = None
     profile_dir: str | None = None
     retry_after_s: int = 1

@@ -19,8 +19,9 @@ from typing import Any
 import uvicorn
 
 from draftgraph.runtime.engine.engine import MAX_VERIFY_WIDTH
-from draftgraph.runtime.engine.metrics import is_loopback, register_engine_metrics
+from draftgraph.runtime.engine.metrics import register_engine_metrics
 
+from .admin import admin_warning
 from .bridge import EngineBridge
 from .config import ServeConfig
 from .routes import build_app
@@ -90,9 +91,9 @@ def run_server(config: ServeConfig, sock: socket.socket, factory: EngineFactory,
     """Serve on ``sock`` until SIGTERM (drained, 0), SIGINT (KeyboardInterrupt) or a failed
     start (1). ``factory`` builds (engine, tokenizer) in a thread while ``/health`` says
     "starting"; ``on_engine(engine)`` runs once it serves (e.g. attach the SIGHUP handler)."""
-    if not is_loopback(config.host) and config.admin_token is None:
-        logger.warning("--host=%s is not loopback and no --admin-token-file was given: admin routes are off "
-                       "for every caller not on loopback", config.host)
+    warning = admin_warning(config.host, config.admin_token)
+    if warning is not None:
+        logger.warning("%s", warning)
     state = ServeState(config)
     app = build_app(state)
     ucfg = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
