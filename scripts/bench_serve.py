@@ -58,6 +58,7 @@ class Trace:
     ttft: list[float] = field(default_factory=list)
     itl: list[tuple[float, float]] = field(default_factory=list)  # (time of the piece, gap)
     wall_s: float = 0.0
+    t0: float = 0.0  # perf_counter at the start of the run
 
 
 def _free_port() -> int:
@@ -124,7 +125,7 @@ async def _one(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, tr:
 async def _clients(url: str, streams: int, seconds: float, max_tokens: int,
                    during: Any = None) -> Trace:
     tr = Trace()
-    t0 = time.perf_counter()
+    t0 = tr.t0 = time.perf_counter()
     counter = iter(range(10 ** 9))
 
     async def worker(c: httpx.AsyncClient) -> None:
@@ -200,10 +201,11 @@ def plot(tr: Trace, post: float, swap: float, path: str) -> str | None:
     except ImportError:
         print("matplotlib missing: no plot (pip install matplotlib)", file=sys.stderr)
         return None
-    t0 = min(t for t, _ in tr.itl)
+    t0 = tr.t0
     fig, ax = plt.subplots(figsize=(8, 3.2))
     ax.scatter([t - t0 for t, _ in tr.itl], [g * 1e3 for _, g in tr.itl], s=3, alpha=0.5, label="gap between pieces")
     ax.axvspan(post - t0, swap + 0.5 - t0, color="orange", alpha=0.2, label="reload: POST to new generation +0.5 s")
+    ax.axvline(post - t0, color="red", lw=0.8, label="POST /admin/reload")
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("inter-token latency (ms)")
     ax.set_title("draftgraph serve: streamed pieces of all clients, a reload in the middle")
