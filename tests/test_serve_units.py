@@ -135,3 +135,17 @@ def test_a_failing_step_fails_its_batch_only(make_engine):
     assert "injected step fault" in error
     assert tuple(tokens) == greedy_ids([tuple(prompt)], 20)[0]
     assert bridge.step_failures >= 1 and bridge.counts()["live"] == 0
+
+
+def test_a_port_in_use_exits_2_before_the_models_load():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "serve", "--port", str(port)],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"--port={port}" in done.stderr and "in use" in done.stderr
