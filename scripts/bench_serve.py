@@ -67,12 +67,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(backend: str, streams: int) -> tuple[subprocess.Popen, str]:
+def start_server(backend: str, streams: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime.engine.cli", "serve", "--port", str(port),
                              "--backend", backend, "--max-running", str(max(8, streams)), "--max-bs",
                              str(max(8, streams)), "--max-waiting", "64"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--backend", default=None, help="the server's and the engine's graph backend (default auto; "
                                                       "--quick: eager)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the server and the engine (default: torch's; 1 is steadier on a shared box)")
     p.add_argument("--plot", default=None, metavar="PATH", help="ITL over the reload run (PNG)")
     a = p.parse_args(argv)
     backend = a.backend or ("eager" if a.quick else "auto")
@@ -234,12 +237,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from draftgraph.runtime.engine import SpecDecodeEngine
     from draftgraph.runtime.engine.loading import load_text_models
 
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     n = max(8, a.streams)
     target_m, draft, tok = load_text_models(None, "eagle")
     engine = SpecDecodeEngine(RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=n)),
                                           max_running_requests=n), target_m, draft, backend=backend, capture="auto")
     engine.generate([tok.encode(x) for x in PROMPTS[:a.streams]], 8)  # warm
-    proc, url = start_server(backend, a.streams)
+    proc, url = start_server(backend, a.streams, a.threads)
     try:
         asyncio.run(_clients(url, a.streams, 1.0, 8))  # warm
         server_tps, bare_tps, ratios, traces, cpu = [], [], [], [], {"server": 0.0, "client": 0.0, "engine": 0.0}
@@ -278,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     v_ratio = target(f"server tokens/s >= {TARGET_RATIO}x bare engine at {a.streams} streams", ratio, ">=",
                      TARGET_RATIO)
     v_reload = target("p99 ITL during a reload <= 2x p50 outside it", reload_ratio, "<=", TARGET_RELOAD_ITL)
-    params = {"streams": a.streams, "seconds": seconds, "rounds": rounds, "max_tokens": a.max_tokens,
+    params = {"streams": a.streams, "seconds": seconds, "threads": a.threads, "rounds": rounds,
+              "max_tokens": a.max_tokens,
               "load_avg": os.getloadavg()[0], "cores": os.cpu_count()}
     records = [record("serve", f"{a.streams} streams, server", params, "tokens_per_s", server_tps, backend=backend,
                       ratios={"server/engine": ratio}, targets=[v_ratio]),
