@@ -50,15 +50,33 @@ class Stream:
         self.tokens: list[int] = []
         self.error: str | None = None
         self.done = False
-        self.event = asyncio.Event()  # set on ``loop`` when something changed
+        self._news = False  # set on ``loop`` when something changed since the last `changed`
+        self._waiter: asyncio.Future[None] | None = None
 
-    async def changed(self, timeout_s: float | None = None) -> None:
-        """Wait until the stepping thread published something new (or ``timeout_s`` passed)."""
-        try:
-            await asyncio.wait_for(self.event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        self.event.clear()
+    def wake(self) -> None:
+        """Something changed (called on ``loop``)."""
+        self._news = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def changed(self, timeout_s: float) -> None:
+        """Wait until the stepping thread published something new (or ``timeout_s`` passed):
+        one future and one timer per wait, no task."""
+        if not self._news:
+            waiter = self._waiter = self.loop.create_future()
+            timer = self.loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        self._news = False
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class EngineBridge:
@@ -258,7 +276,7 @@ def _run_job(fn: Callable[[], Any], fut: concurrent.futures.Future[Any]) -> None
 
 def _set_all(streams: list[Stream]) -> None:
     for s in streams:
-        s.event.set()
+        s.wake()
 
 
 def _notify(changed: dict[asyncio.AbstractEventLoop, list[Stream]]) -> None:
