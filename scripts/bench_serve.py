@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "errors": sum(tr.errors for tr in traces), "met": v_ratio["met"]},
             {"case": "reload run", "server_tok_s": rtr.tokens / rtr.wall_s, "itl_p50_ms": _pct(outside, 50) * 1e3,
              "itl_p99_ms": _pct(inside, 99) * 1e3, "ratio": reload_ratio, "errors": rtr.errors,
+             "itl_p99_outside_ms": _pct(outside, 99) * 1e3, "gaps_in_window": len(inside),
              "reload_window_s": swap + 0.5 - post, "met": v_reload["met"]}]
     cols = ["case", "server_tok_s", "engine_tok_s", "ratio", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
             "itl_p99_ms", "errors", "reload_window_s", "met"]
