@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.draftgraph-installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install test test-all demo bench plots lint clean
+.PHONY: install test test-all demo serve bench plots lint clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test-all: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/draftgraph simulate
+
+# an OpenAI-compatible server of the embedded default models on 127.0.0.1:8000 (docs/serving.md)
+serve: $(STAMP)
+	$(VENV)/bin/draftgraph serve --host 127.0.0.1 --port 8000
 
 bench: $(STAMP)
 	$(PY) -m scripts.bench_all $(if $(QUICK),--quick) $(BENCH_ARGS)

@@ -1,4 +1,4 @@
-"""The `draftgraph` command: simulate (a serving loop), generate, info, bench.
+"""The `draftgraph` command: simulate (a serving loop), generate, info, bench, serve (HTTP).
 
 Bad flags and bad values exit 2 with one line naming the field; a bad reload file during
 `simulate` is reported and the loop keeps serving the previous state; Ctrl-C prints one line and
@@ -116,7 +116,24 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
                       help="phases captured beside the draft step, as for simulate (what an off band captures)")
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
+    _serve_parser(sub)
     return ap
+
+
+def _serve_parser(sub: Any) -> None:
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/serving.md)")
+    _spec_flags(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="port (0: a free one; default 8000)")
+    srv.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond the batch before 429")
+    srv.add_argument("--max-tokens-limit", type=int, default=256, help="the largest max_tokens a request may ask")
+    srv.add_argument("--drain-s", type=float, default=30.0, help="SIGTERM: seconds in-flight requests get")
+    srv.add_argument("--admin-token-file", default=None, metavar="PATH",
+                     help="bearer token for /admin/* from callers not on loopback")
+    srv.add_argument("--reload-config", default=None, metavar="FILE", help="JSON/TOML args file SIGHUP reloads")
+    srv.add_argument("--profile-dir", default=None, metavar="DIR", help="where /admin/profile writes traces")
+    srv.add_argument("--model-name", default=None, help="the model id clients name (default: draftgraph-default "
+                                                        "or the --target's name)")
 
 
 def _graph_phases(text: str) -> tuple[str, ...]:
@@ -168,29 +185,13 @@ def _info(ns: argparse.Namespace) -> int:
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from ..models import default_models, default_tokenizer, greedy_generate
-    from ..models.defaults import DRAFT_KINDS
+    from ..models import greedy_generate
     from .engine import SpecDecodeEngine
+    from .loading import load_text_models, model_source
 
     args = build_args(ns)
-    if ns.target is None:
-        if ns.draft not in DRAFT_KINDS:
-            raise ValueError(f"--draft={ns.draft!r}: without --target it must be one of {list(DRAFT_KINDS)}")
-        from ..models import default_checkpoints
-
-        tok = default_tokenizer()
-        target, draft = default_models(seed=ns.seed, draft=ns.draft)
-        target_dir, head_dir = default_checkpoints(seed=ns.seed)
-        source = {"target": str(target_dir), "draft": str(head_dir) if ns.draft == "eagle" else "embedded"}
-    else:
-        from ..models.hf_models import load_models
-        from ..models.hf_text import load_tokenizer
-
-        if ns.draft in DRAFT_KINDS:
-            raise ValueError(f"--target={ns.target!r}: needs --draft DIR (a published EAGLE head's folder)")
-        target, draft = load_models(ns.target, ns.draft, ns.dtype, max_len=ns.max_len)
-        tok = load_tokenizer(ns.target, target.vocab_size)
-        source = {"target": str(ns.target), "draft": str(ns.draft)}
+    target, draft, tok = load_text_models(ns.target, ns.draft, ns.dtype, ns.max_len, ns.seed)
+    source = model_source(ns.target, ns.draft, ns.seed)
     ids = tok.encode(ns.text)
     from .simulate import describe_models, wait_with_progress
 
@@ -211,6 +212,42 @@ def _generate(ns: argparse.Namespace) -> int:
     models = describe_models(target, draft, source)
     print(f"-- target: {models['target']}\n-- draft: {models['draft']}")
     return 0
+
+
+def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
+    """`draftgraph serve`: the socket is bound before the models load (a port in use exits 2)."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
+    from ..serve.admin import read_token_file
+    from ..serve.config import ServeConfig
+    from ..serve.server import bind_socket, run_server
+    from .engine import SpecDecodeEngine
+    from .loading import load_text_models
+
+    args = build_args(ns)
+    token = read_token_file(ns.admin_token_file) if ns.admin_token_file else None
+    name = ns.model_name or ("draftgraph-default" if ns.target is None else Path(ns.target.rstrip("/")).name)
+    cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
+                      max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
+                      reload_config=ns.reload_config, profile_dir=ns.profile_dir)
+
+    def factory() -> tuple[Any, Any]:
+        from ..serve.text import eos_id_of
+
+        target, draft, tok = load_text_models(ns.target, ns.draft, ns.dtype, ns.max_len, ns.seed)
+        return SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
+                                eos_id=eos_id_of(tok)), tok
+
+    sock = bind_socket(ns.host, ns.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"draftgraph: serving {name} at http://{shown}:{port} (GET /health: starting until the engine is built)",
+          file=sys.stderr, flush=True)
+    attach = reload_signal.attach if reload_signal is not None else None
+    return run_server(cfg, sock, factory, on_engine=attach)
 
 
 def _bench() -> int:
@@ -536,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     # simulate and generate take SIGHUP from now (before the models load; the console script
     # held it since before torch loaded) until the process exits: it is never given back, a late
     # one is logged and ignored
-    serving = ns.cmd in ("simulate", "generate")
+    serving = ns.cmd in ("simulate", "generate", "serve")
     hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd).install() if serving else None
     try:
         if ns.cmd == "info":
@@ -545,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(ns)
         if ns.cmd == "bench":
             return _bench()
+        if ns.cmd == "serve":
+            return _serve(ns, hup)
         return _simulate(ns, hup)
     except (ValueError, TypeError, OSError) as exc:
         print(f"draftgraph: error: {exc}", file=sys.stderr)
