@@ -137,6 +137,16 @@ class CudaBackend:
     name = "cuda"
     captures = True
     records_on_copies = False  # a CUDA graph bakes the addresses it records: capture on the live buffers
+    compiles_code = False  # see `protocol.GraphBackend`
+
+    @staticmethod
+    def expected_compiles(pending: int) -> int:
+        """Compiles a fresh backend of this kind would run for ``pending`` sizes (none: it compiles nothing)."""
+        return 0
+
+    @staticmethod
+    def prepare_background() -> None:
+        """Nothing to prepare before another thread captures (only a compiling backend has)."""
 
     def __init__(self, rows: int, device: torch.device, share: Any = None) -> None:
         if device.type != "cuda":

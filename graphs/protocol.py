@@ -47,6 +47,20 @@ class GraphBackend(Protocol):
     name: str
     captures: bool
     records_on_copies: bool  # capture() takes trace_args: it can record over stand-ins of the inputs
+    # compiles code per size (the compile backend): it may compile in another process, load
+    # stored code (``load``) and foresee its compiles (``compiles_ahead``); a manager asks this,
+    # never the backend's name
+    compiles_code: bool
+
+    @staticmethod
+    def expected_compiles(pending: int) -> int:
+        """Compiles a fresh backend of this kind would run for ``pending`` sizes (0: it compiles nothing)."""
+        ...
+
+    @staticmethod
+    def prepare_background() -> None:
+        """Run in the serving thread before another thread captures or compiles."""
+        ...
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` eagerly once at the largest size (side stream on CUDA)."""

@@ -1,6 +1,6 @@
 """The store of compiled draft steps: executable code on disk, kept as the model cache keeps weights.
 
-One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compiled_entry`),
+One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compile.entry`),
 in a private folder (`private_dir`: created 0700, refused unless a real directory owned by this
 user and not writable by group or others), by default ``$DRAFTGRAPH_CACHE/compiled`` (else
 ``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its key and its

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import torch
 
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
-from draftgraph.graphs.backend_compile import inductor_cache_dir
-from draftgraph.graphs.compile_pool import CompilePool
+from draftgraph.graphs.compile.inductor import inductor_cache_dir
+from draftgraph.graphs.compile.pool import CompilePool
 
 from .budget import check_state_budget, check_states_budget, largest_capture_size
 from .capture_queue import CaptureQueue
@@ -410,7 +410,7 @@ class EagleDraftWorkerBase(ReloadMixin):
     @property
     def compile_process(self) -> CompilePool:
         """The processes that compile this worker's background captures (one, spawned at its
-        first compile, off this process's interpreter lock; see `graphs.compile_worker`; more
+        first compile, off this process's interpreter lock; see `graphs.compile.worker`; more
         with `set_compile_processes`)."""
         if self._compile_process is None:
             self._compile_process = CompilePool(str(inductor_cache_dir()))

@@ -11,9 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import draftgraph.graphs.backend_compile as compile_module
+import draftgraph.graphs.compile.inductor as inductor_module
+import draftgraph.graphs.compile.per_size as per_size_module
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, resolve_backend
-from draftgraph.graphs.backend_compile import compiler_available, inductor_cache_dir
+from draftgraph.graphs.compile.inductor import compiler_available, inductor_cache_dir
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -91,7 +92,7 @@ def test_compile_equals_fx_replay_outputs_and_writes(pair, b, seed):
 def _manager_with(monkeypatch, compile_fn) -> GraphCaptureManager:
     """The per-size compile's rules (the symbolic route's own: tests/test_compile_symbolic.py)."""
     monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "0")
-    monkeypatch.setattr(compile_module, "_inductor_compile", compile_fn)
+    monkeypatch.setattr(per_size_module, "inductor_compile", compile_fn)
     step, _ = _counter_step()
     m = GraphCaptureManager(step, _static(), (4,), backend="compile", pad_values={"ids": 7})
     m.capture()
@@ -102,7 +103,7 @@ def test_a_compile_failure_keeps_fx_with_a_warning_and_a_counter(monkeypatch, ca
     def broken(gm, inputs):
         raise RuntimeError("injected compile failure")
 
-    with caplog.at_level(logging.WARNING, logger="draftgraph.graphs.backend_compile"):
+    with caplog.at_level(logging.WARNING, logger="draftgraph.graphs.compile.backend"):
         m = _manager_with(monkeypatch, broken)
     size = m.stats.sizes[4]
     assert size.engine == "fx" and "injected compile failure" in size.fallback
@@ -119,7 +120,7 @@ def test_a_mismatch_keeps_fx(monkeypatch, caplog):
             return [o + 1 if o.is_floating_point() else o for o in gm(*args)]
         return run
 
-    with caplog.at_level(logging.WARNING, logger="draftgraph.graphs.backend_compile"):
+    with caplog.at_level(logging.WARNING, logger="draftgraph.graphs.compile.backend"):
         m = _manager_with(monkeypatch, off_by_one)
     size = m.stats.sizes[4]
     assert size.engine == "fx" and "differs from the FX replay" in size.fallback
@@ -152,10 +153,10 @@ def test_auto_resolves_to_compile_on_a_cpu_with_a_compiler():
 
 
 def test_cache_lives_beside_the_model_cache(monkeypatch, tmp_path):
-    monkeypatch.setattr(compile_module, "_USER_CACHE_DIR", None)
+    monkeypatch.setattr(inductor_module, "_USER_CACHE_DIR", None)
     monkeypatch.setenv("DRAFTGRAPH_CACHE", str(tmp_path))
     assert inductor_cache_dir() == tmp_path / "inductor"
-    monkeypatch.setattr(compile_module, "_USER_CACHE_DIR", str(tmp_path / "own"))  # the user's own
+    monkeypatch.setattr(inductor_module, "_USER_CACHE_DIR", str(tmp_path / "own"))  # the user's own
     assert inductor_cache_dir() == tmp_path / "own"
 
 

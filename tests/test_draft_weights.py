@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference, tiny_worker
 
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime import (
     EagleDraftWorker,
     SpeculativeConfig,

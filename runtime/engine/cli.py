@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgraph.graphs import capture_batch_sizes, record_spans, resolve_backend
-from draftgraph.graphs.backend_compile import compiler_available, inductor_cache_dir
+from draftgraph.graphs.compile.inductor import compiler_available, inductor_cache_dir
 from draftgraph.runtime import (
     CudaGraphConfig,
     PhaseGraphConfig,
