@@ -31,13 +31,9 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 DEFAULT_DEBUG_EVERY = 16
 
 
-def _raw(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
 def debug_enabled() -> bool:
     """``DRAFTGRAPH_DEBUG`` as a bool (1/true/yes/on, 0/false/no/off or unset); ValueError on junk."""
-    raw = _raw("DRAFTGRAPH_DEBUG").strip().lower()
+    raw = os.environ.get("DRAFTGRAPH_DEBUG", "").strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
@@ -47,7 +43,7 @@ def debug_enabled() -> bool:
 
 def debug_every() -> int:
     """``DRAFTGRAPH_DEBUG_EVERY`` (an int >= 1; default `DEFAULT_DEBUG_EVERY`)."""
-    raw = _raw("DRAFTGRAPH_DEBUG_EVERY").strip()
+    raw = os.environ.get("DRAFTGRAPH_DEBUG_EVERY", "").strip()
     try:
         every = int(raw) if raw else DEFAULT_DEBUG_EVERY
     except ValueError:
@@ -59,12 +55,12 @@ def debug_every() -> int:
 
 def nvtx_requested() -> bool:
     """``DRAFTGRAPH_NVTX`` is 1, true, yes or on (anything else: off)."""
-    return _raw("DRAFTGRAPH_NVTX").strip().lower() in _TRUE
+    return os.environ.get("DRAFTGRAPH_NVTX", "").strip().lower() in _TRUE
 
 
 def trace_replay() -> str:
     """``DRAFTGRAPH_TRACE_REPLAY``: "fx" (default) or "jit"; ValueError otherwise."""
-    value = _raw("DRAFTGRAPH_TRACE_REPLAY", "fx").strip().lower() or "fx"
+    value = os.environ.get("DRAFTGRAPH_TRACE_REPLAY", "fx").strip().lower() or "fx"
     if value not in ("fx", "jit"):
         raise ValueError(f"DRAFTGRAPH_TRACE_REPLAY={value!r}: must be 'fx' or 'jit'")
     return value
@@ -72,7 +68,7 @@ def trace_replay() -> str:
 
 def compile_symbolic() -> bool:
     """``DRAFTGRAPH_COMPILE_SYMBOLIC`` ("1"/"0", default "1") as a bool (ValueError otherwise)."""
-    value = _raw("DRAFTGRAPH_COMPILE_SYMBOLIC", "1").strip() or "1"
+    value = os.environ.get("DRAFTGRAPH_COMPILE_SYMBOLIC", "1").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"DRAFTGRAPH_COMPILE_SYMBOLIC={value!r}: must be '0' or '1'")
     return value == "1"
@@ -80,7 +76,7 @@ def compile_symbolic() -> bool:
 
 def cache_root(expand: bool = False) -> Path:
     """``$DRAFTGRAPH_CACHE`` (``~`` expanded when ``expand``), else ``~/.cache/draftgraph``."""
-    env = _raw("DRAFTGRAPH_CACHE")
+    env = os.environ.get("DRAFTGRAPH_CACHE", "")
     if not env:
         return Path.home() / ".cache" / "draftgraph"
     return Path(env).expanduser() if expand else Path(env)

@@ -9,7 +9,6 @@ buffers that state owns.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
 from .phases import PhaseGraphs, PhaseProvider
 from .reload import ReloadLog, ReloadMixin
+from .settings import compile_process
 from .state import DraftCounters, RuntimeState
 from .state_slot import StateSlot
 from .stored_steps import phase_stored_code
@@ -304,7 +304,7 @@ class EagleDraftWorkerBase(ReloadMixin):
             return None
         phases = PhaseGraphs()
         compiled = resolve_backend(backend, self.device) == "compile"
-        elsewhere = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
+        elsewhere = background and compile_process()
         spec = None if state.target_only else state.spec  # None: a step that drafts nothing
         for name, graph_step in provider(spec, max(state.capture_sizes)).items():
             stored = None
