@@ -213,3 +213,22 @@ def env_reads(path: Path, prefix: str = "DRAFTGRAPH_") -> list[int]:
         elif isinstance(node, ast.Compare) and is_key(node.left) and any(is_environ(c) for c in node.comparators):
             lines.append(node.lineno)
     return sorted(lines)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute module name ``path`` imports (``from a import b``: a and a.b), anywhere."""
+    found = set()
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def imports_of_test_code(path: Path, test_modules: set[str]) -> set[str]:
+    """What ``path`` imports from the test suite: ``tests`` and its modules, or a module of
+    ``test_modules`` (tests/ on sys.path makes ``engine_support`` importable by its bare name)."""
+    return {m for m in imported_modules(path)
+            if m == "tests" or m.startswith("tests.") or m.split(".")[0] in test_modules}

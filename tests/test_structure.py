@@ -18,6 +18,7 @@ from structure_support import (
     modules,
     private_imports,
 )
+from structure_support import imports_of_test_code as imports_from_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"graphs": "draftgraph.graphs", "runtime": "draftgraph.runtime"}
@@ -182,3 +183,24 @@ def test_only_the_settings_modules_read_draftgraph_variables():
 def test_every_module_is_seen(folder):
     """The checks walk real trees: each package has its modules (a wrong root would pass all)."""
     assert len(modules(ROOT / folder, PACKAGES[folder])) > 20
+
+
+# ---- scripts and tests -------------------------------------------------------------------------
+def _test_module_names() -> set[str]:
+    return {p.stem for p in (ROOT / "tests").glob("*.py")}
+
+
+def test_the_scripts_check_sees_an_import_of_test_code(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text("import json\nfrom tests.sync_support import x\n\ndef f():\n    import engine_support\n")
+    assert imports_from_tests(script, {"engine_support", "conftest"}) == {
+        "tests.sync_support", "tests.sync_support.x", "engine_support"}
+
+
+def test_scripts_import_nothing_from_tests():
+    """A benchmark runs without the test suite: what it needs lives in the library or in
+    scripts/benchutil.py (issue 39: bench_step_graphs took count_host_syncs from tests/)."""
+    names = _test_module_names()
+    assert "engine_support" in names  # the check knows the suite's modules
+    found = {p.name: sorted(imports_from_tests(p, names)) for p in sorted((ROOT / "scripts").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
