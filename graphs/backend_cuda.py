@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .hostsync import HostSyncGuard
-from .protocol import FlatStep, check_outputs
+from .protocol import CompilesNothing, FlatStep, check_outputs
 
 __all__ = ["CudaBackend", "CudaGraph", "count_graph_nodes"]
 
@@ -131,22 +131,12 @@ class CudaGraph:
         self.outputs = ()
 
 
-class CudaBackend:
+class CudaBackend(CompilesNothing):
     """Owner of the capture stream and the memory pool shared by all sizes of one capture."""
 
     name = "cuda"
     captures = True
     records_on_copies = False  # a CUDA graph bakes the addresses it records: capture on the live buffers
-    compiles_code = False  # see `protocol.GraphBackend`
-
-    @staticmethod
-    def expected_compiles(pending: int) -> int:
-        """Compiles a fresh backend of this kind would run for ``pending`` sizes (none: it compiles nothing)."""
-        return 0
-
-    @staticmethod
-    def prepare_background() -> None:
-        """Nothing to prepare before another thread captures (only a compiling backend has)."""
 
     def __init__(self, rows: int, device: torch.device, share: Any = None) -> None:
         if device.type != "cuda":

@@ -8,27 +8,17 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .protocol import CapturedGraph, FlatStep
+from .protocol import CapturedGraph, CompilesNothing, FlatStep
 
 __all__ = ["EagerBackend"]
 
 
-class EagerBackend:
+class EagerBackend(CompilesNothing):
     """Backend that captures nothing (``captures`` is False)."""
 
     name = "eager"
     captures = False
     records_on_copies = False
-    compiles_code = False  # see `protocol.GraphBackend`
-
-    @staticmethod
-    def expected_compiles(pending: int) -> int:
-        """Compiles a fresh backend of this kind would run for ``pending`` sizes (none: it compiles nothing)."""
-        return 0
-
-    @staticmethod
-    def prepare_background() -> None:
-        """Nothing to prepare before another thread captures (only a compiling backend has)."""
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` once."""

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .cancel import check_cancelled
 from .errors import GraphCaptureError
 from .hostsync import HOST_SYNC_OP, HostSyncGuard, host_sync_message
-from .protocol import FlatStep, check_outputs
+from .protocol import CompilesNothing, FlatStep, check_outputs
 from .settings import trace_replay
 
 __all__ = ["RECORD_LOCK", "TraceBackend", "TraceGraph", "count_kernel_nodes", "evict_fx_sources", "fx_source_keys",
@@ -270,22 +270,12 @@ class TraceGraph:
         self.outputs = ()
 
 
-class TraceBackend:
+class TraceBackend(CompilesNothing):
     """make_fx recorder owning the static output buffers shared by all sizes (its "pool")."""
 
     name = "trace"
     captures = True
     records_on_copies = True  # capture(..., trace_args=stand-ins): recording beside serving is safe
-    compiles_code = False  # see `protocol.GraphBackend`
-
-    @staticmethod
-    def expected_compiles(pending: int) -> int:
-        """Compiles a fresh backend of this kind would run for ``pending`` sizes (none: it compiles nothing)."""
-        return 0
-
-    @staticmethod
-    def prepare_background() -> None:
-        """Nothing to prepare before another thread captures (only a compiling backend has)."""
 
     def __init__(self, rows: int) -> None:
         self._rows = rows

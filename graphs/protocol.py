@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .errors import GraphCaptureError
 
-__all__ = ["CapturedGraph", "FlatStep", "GraphBackend", "check_outputs", "flatten_outputs"]
+__all__ = ["CapturedGraph", "CompilesNothing", "FlatStep", "GraphBackend", "check_outputs", "flatten_outputs"]
 
 FlatStep = Callable[..., tuple[Tensor, ...]]
 """A step over positional static views returning a flat tuple of tensors."""
@@ -73,6 +73,22 @@ class GraphBackend(Protocol):
     def release(self) -> None:
         """Free the shared pool and stream; idempotent."""
         ...
+
+
+class CompilesNothing:
+    """The `GraphBackend` capabilities of a backend that compiles nothing (cuda, trace, eager);
+    the compile backend overrides them."""
+
+    compiles_code = False
+
+    @staticmethod
+    def expected_compiles(pending: int) -> int:
+        """A fresh backend of this kind compiles nothing for ``pending`` sizes."""
+        return 0
+
+    @staticmethod
+    def prepare_background() -> None:
+        """Nothing to prepare before another thread captures."""
 
 
 def flatten_outputs(out: object) -> tuple[tuple[Tensor, ...], bool]:

@@ -97,6 +97,7 @@ def stored_folder(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_second_worker_loads_every_size_without_recording(stored_folder, monkeypatch):
     store = _use_store(monkeypatch, stored_folder)
     monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
@@ -113,6 +114,7 @@ def test_a_second_worker_loads_every_size_without_recording(stored_folder, monke
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
     _use_store(monkeypatch, stored_folder)
     monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
@@ -128,6 +130,7 @@ def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
     assert any(not torch.equal(g, b) for g, b in zip(got, before))  # the new weights mattered
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, monkeypatch, caplog):
     folder = tmp_path / "store"
     folder.mkdir(mode=0o700)
@@ -147,6 +150,7 @@ def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, m
     assert CompileStore(folder).get(victim.name.removesuffix(".dgc")) is not None
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_changed_structure_misses(stored_folder, monkeypatch):
     _use_store(monkeypatch, stored_folder)
     w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(2, 2, 4), CudaGraphConfig(PhaseGraphConfig(bs=(1,)))),
@@ -157,6 +161,7 @@ def test_a_changed_structure_misses(stored_folder, monkeypatch):
     manager.release()
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_identical_graphs_compile_once(stored_folder, tmp_path, monkeypatch):
     folder = tmp_path / "store"
     store = _use_store(monkeypatch, folder)
@@ -182,6 +187,7 @@ def _renamed_among_keys(src: Path, dst: Path, store: CompileStore) -> dict[str, 
     return moved
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles
 @pytest.mark.parametrize("symbolic", ["0", "1"], ids=["per-size", "symbolic"])
 def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_path, monkeypatch, caplog, symbolic):
     """Issue 40: valid entries renamed among their keys were loaded and run as another
@@ -311,6 +317,7 @@ def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_onl
     assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(c1, c2)
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
     """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
     for it, so the entry holds the recorded graph; a second worker loads it without recording."""

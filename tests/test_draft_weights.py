@@ -203,8 +203,9 @@ def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("backend", [
-    "trace", pytest.param("compile", marks=pytest.mark.skipif(not compiler_available(),
-                                                              reason="no C++ compiler for inductor"))])
+    "trace", pytest.param("compile", marks=[pytest.mark.skipif(not compiler_available(),
+                                                               reason="no C++ compiler for inductor"),
+                                            pytest.mark.slow])])  # the slow tier: inductor compiles
 def test_graphs_read_the_new_weights_after_an_update(backend):
     """No backend freezes weights into its code: after an in-place update a replay equals a
     fresh eager worker built on the new weights."""
