@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .hostsync import HostSyncGuard
-from .protocol import FlatStep, check_outputs
+from .protocol import CompilesNothing, FlatStep, check_outputs
 
 __all__ = ["CudaBackend", "CudaGraph", "count_graph_nodes"]
 
@@ -131,7 +131,7 @@ class CudaGraph:
         self.outputs = ()
 
 
-class CudaBackend:
+class CudaBackend(CompilesNothing):
     """Owner of the capture stream and the memory pool shared by all sizes of one capture."""
 
     name = "cuda"

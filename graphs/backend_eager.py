@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .protocol import CapturedGraph, FlatStep
+from .protocol import CapturedGraph, CompilesNothing, FlatStep
 
 __all__ = ["EagerBackend"]
 
 
-class EagerBackend:
+class EagerBackend(CompilesNothing):
     """Backend that captures nothing (``captures`` is False)."""
 
     name = "eager"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import linecache
 import logging
-import os
 import threading
 import warnings
 import weakref
@@ -27,9 +26,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .cancel import check_cancelled
 from .errors import GraphCaptureError
 from .hostsync import HOST_SYNC_OP, HostSyncGuard, host_sync_message
-from .protocol import FlatStep, check_outputs
+from .protocol import CompilesNothing, FlatStep, check_outputs
+from .settings import trace_replay
 
-__all__ = ["TraceBackend", "TraceGraph", "count_kernel_nodes"]
+__all__ = ["RECORD_LOCK", "TraceBackend", "TraceGraph", "count_kernel_nodes", "evict_fx_sources", "fx_source_keys",
+           "record_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +98,18 @@ def _reject_data_dependent(gm: fx.GraphModule, size: int) -> None:
 # tracer): two recordings at once in two threads break each other (measured: "CURRENT_PATCHER is
 # None in finally block"). Recordings of every manager in the process take turns on this lock;
 # serving never records, so it never waits on it.
-_RECORD_LOCK = threading.Lock()
+RECORD_LOCK = threading.Lock()
 
 
-def _trace(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
+def record_graph(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
     """make_fx ``fn`` over ``args`` in real mode under the host-sync guard; (graph, real outputs)."""
-    with _RECORD_LOCK:
+    with RECORD_LOCK:
         check_cancelled(size)  # the wait for the lock may have outlived the capture's thread
         return _trace_locked(fn, args, size)
 
 
 def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx.GraphModule, tuple[Tensor, ...]]:
-    """`_trace` while holding the recording lock."""
+    """`record_graph` while holding the recording lock."""
     seen: list[tuple[Tensor, ...]] = []
 
     def traced(*static: Tensor) -> tuple[Tensor, ...]:
@@ -117,23 +118,23 @@ def _trace_locked(fn: FlatStep, args: tuple[Tensor, ...], size: int) -> tuple[fx
         seen.append(outs)
         return outs
 
-    before = _fx_source_keys()
+    before = fx_source_keys()
     try:
         with _one_fake_mode():
             gm = make_fx(traced, tracing_mode="real")(*args)
     except GraphCaptureError:
-        _evict_fx_sources(_fx_source_keys() - before)
+        evict_fx_sources(fx_source_keys() - before)
         raise
     except RuntimeError as exc:
-        _evict_fx_sources(_fx_source_keys() - before)
+        evict_fx_sources(fx_source_keys() - before)
         if HOST_SYNC_OP in str(exc):
             raise GraphCaptureError(host_sync_message(HOST_SYNC_OP, size), size=size) from exc
         raise
-    keys = _fx_source_keys() - before
+    keys = fx_source_keys() - before
     gm.meta["draftgraph_fx_sources"] = keys
     # released graphs evict these at once (`TraceGraph.release`); one that is only dropped, by
     # whatever path, takes them along when it is collected
-    weakref.finalize(gm, _evict_fx_sources, frozenset(keys)).atexit = False
+    weakref.finalize(gm, evict_fx_sources, frozenset(keys)).atexit = False
     return gm, check_outputs(seen[-1], size)
 
 
@@ -149,18 +150,18 @@ def _one_fake_mode() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_fallback_kernels=True)
-    mode.cache_enabled = False  # its dispatch cache is process-wide (see `compile_symbolic.record_symbolic`)
+    mode.cache_enabled = False  # its dispatch cache is process-wide (see `compile.symbolic.record_symbolic`)
     return tracing(TracingContext(mode))
 
 
-def _fx_source_keys() -> set[str]:
+def fx_source_keys() -> set[str]:
     """Keys of the generated-source cache FX keeps for every GraphModule it compiles."""
     loader = getattr(fx.graph_module, "_loader", None)
     cache = getattr(loader, "eval_cache", None)
     return set(cache) if isinstance(cache, dict) else set()
 
 
-def _evict_fx_sources(keys: set[str]) -> None:
+def evict_fx_sources(keys: set[str]) -> None:
     """Drop generated sources of released graphs: FX never frees them, so recapturing in a
     long-running process would grow memory by a few KB per graph."""
     loader = getattr(fx.graph_module, "_loader", None)
@@ -225,16 +226,10 @@ class TraceGraph:
         return self._args
 
     @property
-    def compiled(self) -> Any:
-        """The compiled function behind the runner (compile backend), else None."""
-        return getattr(self._runner, "compiled", None)
-
-    @property
-    def runner_constants(self) -> tuple[Tensor, ...] | None:
-        """The constants a compiled runner reads when they are its own (a symbolic compile), else None."""
-        if getattr(self._runner, "symbolic", False):
-            return getattr(self._runner, "constants", None)
-        return None
+    def runner(self) -> Any:
+        """What replays the graph: the GraphModule itself, or what `use_runner` installed (a
+        TorchScript interpreter, the compile backend's `CompiledRunner`); None once released."""
+        return self._runner
 
     @property
     def fresh(self) -> tuple[int, ...]:
@@ -264,7 +259,7 @@ class TraceGraph:
     def release(self) -> None:
         """Drop the graph module, views and output buffers it referenced."""
         if self._gm is not None:
-            _evict_fx_sources(self._gm.meta.get("draftgraph_fx_sources", set()))
+            evict_fx_sources(self._gm.meta.get("draftgraph_fx_sources", set()))
         hooks, self.release_hooks = self.release_hooks, []
         for hook in hooks:
             hook()
@@ -275,7 +270,7 @@ class TraceGraph:
         self.outputs = ()
 
 
-class TraceBackend:
+class TraceBackend(CompilesNothing):
     """make_fx recorder owning the static output buffers shared by all sizes (its "pool")."""
 
     name = "trace"
@@ -303,7 +298,7 @@ class TraceBackend:
         replay over ``args``, so recording never touches the live static rows; an output that
         is a view of a stand-in becomes the same view of the live input."""
         rec_args = args if trace_args is None else trace_args
-        gm, outs = _trace(fn, rec_args, size)
+        gm, outs = record_graph(fn, rec_args, size)
         _reject_data_dependent(gm, size)
         constants = _constant_storages(gm)
         inputs = {_storage_key(a): i for i, a in enumerate(rec_args)}
@@ -353,10 +348,7 @@ class TraceBackend:
 
 def _replay_engine() -> str:
     """Replay engine from DRAFTGRAPH_TRACE_REPLAY ("fx" or "jit"; default "fx")."""
-    value = os.environ.get("DRAFTGRAPH_TRACE_REPLAY", "fx").strip().lower() or "fx"
-    if value not in ("fx", "jit"):
-        raise ValueError(f"DRAFTGRAPH_TRACE_REPLAY={value!r}: must be 'fx' or 'jit'")
-    return value
+    return trace_replay()
 
 
 def _script_replay(gm: fx.GraphModule, args: tuple[Tensor, ...]) -> Any:

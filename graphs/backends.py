@@ -10,14 +10,15 @@ from typing import Any
 
 import torch
 
-from .backend_compile import CompileBackend, compiler_available
 from .backend_cuda import CudaBackend
 from .backend_eager import EagerBackend
 from .backend_trace import TraceBackend
-from .compiled_entry import StoredCode
+from .compile.backend import CompileBackend
+from .compile.entry import StoredCode
+from .compile.inductor import compiler_available
 from .protocol import GraphBackend
 
-__all__ = ["BACKEND_NAMES", "make_backend", "resolve_backend"]
+__all__ = ["BACKEND_NAMES", "backend_class", "make_backend", "resolve_backend"]
 
 BACKEND_NAMES: tuple[str, ...] = ("auto", "cuda", "compile", "trace", "eager")
 """Names ``resolve_backend`` accepts."""
@@ -42,6 +43,15 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
         raise ValueError("backend='compile': no C++ compiler found for inductor (set CXX or install g++); "
                          "use 'trace' or 'eager'")
     return name
+
+
+def backend_class(name: str) -> type[GraphBackend]:
+    """The class of a resolved backend ``name`` (its capabilities, before any instance exists)."""
+    classes: dict[str, type[Any]] = {"cuda": CudaBackend, "trace": TraceBackend, "compile": CompileBackend,
+                                     "eager": EagerBackend}
+    if name not in classes:
+        raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")
+    return classes[name]
 
 
 def make_backend(name: str, rows: int, device: torch.device, auto: bool = False,

@@ -10,7 +10,6 @@ step reads changed after capture) or a buffer the graph reads was replaced.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,24 +17,9 @@ import torch
 from torch import Tensor
 
 from .errors import GraphDebugError
+from .settings import DEFAULT_DEBUG_EVERY, debug_enabled, debug_every
 
 __all__ = ["DEFAULT_DEBUG_EVERY", "DebugConfig", "check_data_ptrs", "compare_outputs"]
-
-DEFAULT_DEBUG_EVERY = 16
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-def _env_flag(var: str) -> bool:
-    """Parse a boolean environment variable; ValueError naming it on junk."""
-    raw = os.environ.get(var, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{var}={raw!r}: must be one of 1/0, true/false, yes/no, on/off")
-
 
 def _check_every(field: str, value: object) -> int:
     """A positive int for the comparison period."""
@@ -59,14 +43,9 @@ class DebugConfig:
         """Explicit arguments win; None falls back to DRAFTGRAPH_DEBUG / DRAFTGRAPH_DEBUG_EVERY."""
         if debug is not None and not isinstance(debug, bool):
             raise TypeError(f"debug={debug!r}: must be a bool or None")
-        enabled = _env_flag("DRAFTGRAPH_DEBUG") if debug is None else debug
+        enabled = debug_enabled() if debug is None else debug
         if every is None:
-            raw = os.environ.get("DRAFTGRAPH_DEBUG_EVERY", "").strip()
-            try:
-                every = int(raw) if raw else DEFAULT_DEBUG_EVERY
-            except ValueError:
-                raise ValueError(f"DRAFTGRAPH_DEBUG_EVERY={raw!r}: must be an int >= 1") from None
-            _check_every("DRAFTGRAPH_DEBUG_EVERY", every)
+            every = debug_every()
         return cls(enabled=enabled, every=every)
 
     def compare_due(self, replay_index: int) -> bool:

@@ -31,11 +31,9 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from .backend_compile import prepare_background_compile
-from .backends import make_backend, resolve_backend
+from .backends import backend_class, make_backend, resolve_backend
 from .capture_share import CaptureShare
-from .compile_symbolic import symbolic_default
-from .compiled_entry import StoredCode
+from .compile.entry import StoredCode
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .errors import GraphCaptureError
 from .protocol import CapturedGraph, GraphBackend, check_outputs, flatten_outputs
@@ -199,7 +197,7 @@ class GraphCaptureManager:
         """True when this manager's compiles run in a compile process (`StoredCode.compiler`), off
         this process's interpreter lock: only recording and the check run here."""
         stored = self._stored
-        return self._backend_name == "compile" and stored is not None and stored.compiler is not None
+        return backend_class(self._backend_name).compiles_code and stored is not None and stored.compiler is not None
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
@@ -235,11 +233,12 @@ class GraphCaptureManager:
         (`CompileBackend.compiles_ahead`). What an estimate of the time they take counts."""
         with self._lock:
             pending, backend = len(self._pending), self._backend
-        if self._backend_name != "compile" or not pending:
+        kind = backend_class(self._backend_name)
+        if not kind.compiles_code or not pending:
             return 0
         if backend is None:  # no unit began yet: the backend will start as the default says
             try:
-                return 1 if symbolic_default() else pending
+                return kind.expected_compiles(pending)
             except ValueError:  # a bad setting: making the backend fails and says so, not a report
                 return pending
         ahead = getattr(backend, "compiles_ahead", None)
@@ -397,8 +396,7 @@ class GraphCaptureManager:
             self._started = True
             self._pending = set(self._sizes)
             self._captured_ptrs = self._static.data_ptrs()
-        if self._backend_name == "compile":  # before any thread compiles (see its docstring)
-            prepare_background_compile()
+        backend_class(self._backend_name).prepare_background()  # before any thread compiles
 
     def capture_size(self, size: int) -> float:
         """Capture one pending size and publish it (one dict assignment: a concurrent `lookup`
@@ -449,7 +447,7 @@ class GraphCaptureManager:
         `capture_size`. Returns how many were published. Cheap enough to call where serving
         waits (a constructor); a backend without a store publishes nothing. Sizes run beside
         serving the same way `capture_size` does (stand-ins, never the live rows)."""
-        if self._stored is None or self._backend_name != "compile":
+        if self._stored is None or not backend_class(self._backend_name).compiles_code:
             return 0
         with self._lock:
             epoch = self._epoch

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .errors import GraphCaptureError
 
-__all__ = ["CapturedGraph", "FlatStep", "GraphBackend", "check_outputs", "flatten_outputs"]
+__all__ = ["CapturedGraph", "CompilesNothing", "FlatStep", "GraphBackend", "check_outputs", "flatten_outputs"]
 
 FlatStep = Callable[..., tuple[Tensor, ...]]
 """A step over positional static views returning a flat tuple of tensors."""
@@ -47,6 +47,20 @@ class GraphBackend(Protocol):
     name: str
     captures: bool
     records_on_copies: bool  # capture() takes trace_args: it can record over stand-ins of the inputs
+    # compiles code per size (the compile backend): it may compile in another process, load
+    # stored code (``load``) and foresee its compiles (``compiles_ahead``); a manager asks this,
+    # never the backend's name
+    compiles_code: bool
+
+    @staticmethod
+    def expected_compiles(pending: int) -> int:
+        """Compiles a fresh backend of this kind would run for ``pending`` sizes (0: it compiles nothing)."""
+        ...
+
+    @staticmethod
+    def prepare_background() -> None:
+        """Run in the serving thread before another thread captures or compiles."""
+        ...
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` eagerly once at the largest size (side stream on CUDA)."""
@@ -59,6 +73,22 @@ class GraphBackend(Protocol):
     def release(self) -> None:
         """Free the shared pool and stream; idempotent."""
         ...
+
+
+class CompilesNothing:
+    """The `GraphBackend` capabilities of a backend that compiles nothing (cuda, trace, eager);
+    the compile backend overrides them."""
+
+    compiles_code = False
+
+    @staticmethod
+    def expected_compiles(pending: int) -> int:
+        """A fresh backend of this kind compiles nothing for ``pending`` sizes."""
+        return 0
+
+    @staticmethod
+    def prepare_background() -> None:
+        """Nothing to prepare before another thread captures."""
 
 
 def flatten_outputs(out: object) -> tuple[tuple[Tensor, ...], bool]:

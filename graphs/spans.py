@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .settings import nvtx_requested
+
 try:  # the NVTX package is optional at run time; without it NVTX stays off
     import nvtx as _nvtx
 except ImportError:  # pragma: no cover - depends on the environment
@@ -228,5 +230,7 @@ def trace_spans() -> contextlib.AbstractContextManager[list[SpanEvent]]:
     return _listening(_SWITCH.tracers, [])
 
 
-if os.environ.get("DRAFTGRAPH_NVTX", "").strip().lower() in {"1", "true", "yes", "on"}:
+# an opt-in switch at import, on purpose: a program run under nsys gets the ranges without a code
+# change (`settings.nvtx_requested`; off unless the variable is set)
+if nvtx_requested():
     enable_nvtx()

@@ -23,9 +23,12 @@ test model and input maker are in `runtime.testing`.
 
 from __future__ import annotations
 
-# first: `draftgraph simulate|generate` take SIGHUP before torch loads (see that module)
-from . import _console_signal  # noqa: F401  # isort: skip
-from . import _console_quiet  # noqa: F401  # isort: skip  # torch's NumPy notice, for the command only
+# first, before torch loads: the `draftgraph` console script's own set-up, nothing for any other
+# program (see `console`)
+from .console import prepare_console_script  # isort: skip
+
+prepare_console_script()
+
 
 from .adaptive import AdaptiveStepController  # runtime states
 from .args_file import install_reload_signal, load_runtime_args  # configuration, reload

@@ -1,6 +1,6 @@
 """The store of compiled draft steps: executable code on disk, kept as the model cache keeps weights.
 
-One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compiled_entry`),
+One file per entry, ``<key>.dgc`` (key: 64 hex digits, see `draftgraph.graphs.compile.entry`),
 in a private folder (`private_dir`: created 0700, refused unless a real directory owned by this
 user and not writable by group or others), by default ``$DRAFTGRAPH_CACHE/compiled`` (else
 ``~/.cache/draftgraph/compiled``). A file holds a header with the SHA-256 of its key and its
@@ -39,13 +39,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from .private_dir import UnsafeFolderError, create_exclusive, private_dir, read_regular
+from .settings import DEFAULT_COMPILED_MAX_BYTES, compiled_dir, compiled_max_bytes, compiled_store_on
 
 __all__ = ["CompileStore", "DEFAULT_MAX_BYTES", "default_compile_store", "store_folder"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BYTES = 512 << 20
-MAX_CAP_MB = 1 << 30  # DRAFTGRAPH_COMPILED_MAX_MB's largest value (1 PiB): past it, a typo
+DEFAULT_MAX_BYTES = DEFAULT_COMPILED_MAX_BYTES
 _MAGIC = b"DGCS2 "  # v2: the digest covers the key (v1 entries, bound to no key, are refused)
 _HEADER = len(_MAGIC) + 64 + 1  # magic, hex digest of key and payload, newline
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -308,36 +308,17 @@ def _unsafe(st: os.stat_result) -> str | None:
 
 def store_folder() -> Path:
     """``$DRAFTGRAPH_COMPILED_DIR`` when set, else ``$DRAFTGRAPH_CACHE/compiled`` (default
-    ``~/.cache/draftgraph/compiled``)."""
-    own = os.environ.get("DRAFTGRAPH_COMPILED_DIR", "").strip()
-    if own:
-        return Path(own).expanduser()
-    env = os.environ.get("DRAFTGRAPH_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "draftgraph"
-    return root / "compiled"
-
-
-def _max_bytes() -> int:
-    raw = os.environ.get("DRAFTGRAPH_COMPILED_MAX_MB", "")
-    if not raw.strip():
-        return DEFAULT_MAX_BYTES
-    rule = f"must be a finite number of MiB > 0 and at most {MAX_CAP_MB} (1 PiB)"
-    try:
-        mb = float(raw)
-    except ValueError:
-        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw[:100]!r}: {rule}") from None
-    if not 0 < mb <= MAX_CAP_MB:  # NaN and inf fail here too
-        raise ValueError(f"DRAFTGRAPH_COMPILED_MAX_MB={raw[:100]!r}: {rule}")
-    return max(1, int(mb * (1 << 20)))
+    ``~/.cache/draftgraph/compiled``; `settings.compiled_dir`)."""
+    return compiled_dir()
 
 
 def default_compile_store() -> CompileStore | None:
     """The process's store for `store_folder` (one object per folder and cap, so a compile of one
     engine is a shared load for another); None when ``DRAFTGRAPH_COMPILED=0`` or no safe folder
     exists (with one warning)."""
-    if os.environ.get("DRAFTGRAPH_COMPILED", "1").strip() == "0":
+    if not compiled_store_on():
         return None
-    return _store_for(str(store_folder()), _max_bytes())
+    return _store_for(str(store_folder()), compiled_max_bytes())
 
 
 @lru_cache(maxsize=4)

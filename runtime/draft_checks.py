@@ -5,19 +5,19 @@ They read values on the host, so they run only in debug mode and never inside a 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from .draft_rows import named_leaves
+from .settings import draft_checks
 
 __all__ = ["debug_checks_enabled", "check_draft_values"]
 
 
 def debug_checks_enabled() -> bool:
     """True when ``DRAFTGRAPH_DEBUG`` is set to a true value."""
-    return os.environ.get("DRAFTGRAPH_DEBUG", "") not in ("", "0", "false", "False")
+    return draft_checks()
 
 
 def _first_bad_row(bad: torch.Tensor) -> int:

@@ -30,7 +30,6 @@ reason (counted per reason in the state's counts), and every result carries its 
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +43,7 @@ from .draft_input import unpack_draft_input
 from .draft_result import DraftResult
 from .draft_rows import DraftRowsLike, RowLayout, leaves, map_rows
 from .organize import fast_topk, organize_draft_results, select_top_k_tokens
+from .settings import compile_process
 from .state import RuntimeState
 from .stored_steps import stored_code
 from .topology import Selector, TopologyBuffers
@@ -120,7 +120,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         interpreter lock) unless ``DRAFTGRAPH_COMPILE_PROCESS=0``."""
         if resolve_backend(backend, self.device) != "compile":
             return None
-        use_process = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
+        use_process = background and compile_process()
         return stored_code(self, state, self.draft_model, self.compile_process if use_process else None)
 
     def _new_manager(self, state: RuntimeState, backend: str, background: bool = False) -> Any:

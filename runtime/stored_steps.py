@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs.compiled_entry import StoredCode
+from draftgraph.graphs.compile.entry import StoredCode
 
 from .compile_store import default_compile_store
 from .state import RuntimeState

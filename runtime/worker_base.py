@@ -9,7 +9,6 @@ buffers that state owns.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,8 +17,8 @@ from typing import Any, NamedTuple
 import torch
 
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
-from draftgraph.graphs.backend_compile import inductor_cache_dir
-from draftgraph.graphs.compile_pool import CompilePool
+from draftgraph.graphs.compile.inductor import inductor_cache_dir
+from draftgraph.graphs.compile.pool import CompilePool
 
 from .budget import check_state_budget, check_states_budget, largest_capture_size
 from .capture_queue import CaptureQueue
@@ -27,6 +26,7 @@ from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from .counting import CounterLedger
 from .phases import PhaseGraphs, PhaseProvider
 from .reload import ReloadLog, ReloadMixin
+from .settings import compile_process
 from .state import DraftCounters, RuntimeState
 from .state_slot import StateSlot
 from .stored_steps import phase_stored_code
@@ -304,7 +304,7 @@ class EagleDraftWorkerBase(ReloadMixin):
             return None
         phases = PhaseGraphs()
         compiled = resolve_backend(backend, self.device) == "compile"
-        elsewhere = background and os.environ.get("DRAFTGRAPH_COMPILE_PROCESS", "1").strip() != "0"
+        elsewhere = background and compile_process()
         spec = None if state.target_only else state.spec  # None: a step that drafts nothing
         for name, graph_step in provider(spec, max(state.capture_sizes)).items():
             stored = None
@@ -410,7 +410,7 @@ class EagleDraftWorkerBase(ReloadMixin):
     @property
     def compile_process(self) -> CompilePool:
         """The processes that compile this worker's background captures (one, spawned at its
-        first compile, off this process's interpreter lock; see `graphs.compile_worker`; more
+        first compile, off this process's interpreter lock; see `graphs.compile.worker`; more
         with `set_compile_processes`)."""
         if self._compile_process is None:
             self._compile_process = CompilePool(str(inductor_cache_dir()))

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs.backend_compile import compiler_available, inductor_cache_dir
+from draftgraph.graphs.compile.inductor import compiler_available, inductor_cache_dir
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models

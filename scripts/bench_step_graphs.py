@@ -20,7 +20,7 @@ Every output is checked against (c). Targets, on a compiled graph backend (never
 ``--quick`` states none of them): (b)/(a) >= 1.5 at 1 and 4 requests, >= 1.2 at 16; (b)/(d)
 >= 1.5 at 1 request (speculation vs target-only on the same backend), reported at every
 request count beside (a)/(c); ``decode_vs_eager`` is (b)/(a) without the admission stage
-(prefill, not in graphs). Per step: host syncs at 4 requests (tests/sync_support.py's
+(prefill, not in graphs). Per step: host syncs at 4 requests (graphs/sync_audit.py's
 ``count_host_syncs``; target <= 2) for every engine, and each engine's seconds per stage
 (``stats()["stage_s"]`` per step), so a note can say where the time goes.
 
@@ -41,13 +41,13 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs.sync_audit import count_host_syncs
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models, greedy_generate
 from draftgraph.runtime.models.corpus import held_out_prompts
 from scripts.benchutil import emit, record, target
 from scripts.greedy_compiled import CompiledGreedy
-from tests.sync_support import count_host_syncs
 
 MAX_BS = 16
 VS_EAGER = {1: 1.5, 4: 1.5, 16: 1.2}  # (b)/(a): engine with graphs over the engine eager

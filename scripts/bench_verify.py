@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import GraphCaptureManager
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime.models import default_models
 from scripts.benchutil import emit, record, time_interleaved
 

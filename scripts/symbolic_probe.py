@@ -23,8 +23,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from draftgraph.graphs.backend_compile import _copies, _lift_constants, _use_cache_dir
-from draftgraph.graphs.backend_trace import _trace
+from draftgraph.graphs.backend_trace import record_graph
+from draftgraph.graphs.compile.compare import copies, lift_constants
+from draftgraph.graphs.compile.inductor import use_cache_dir
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.models import default_models
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     def flat(*xs):
         return (graph_step.step(**dict(zip(names, xs))),)
 
-    _use_cache_dir()
+    use_cache_dir()
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(t[:max(2, sizes[len(sizes) // 2])], symbolic_context=StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (t.dim() - 1))) for t in full]
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     with mode:
         gm = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*fakes)
     record_s = time.perf_counter() - start
-    lifted, consts = _lift_constants(gm)
+    lifted, consts = lift_constants(gm)
     start = time.perf_counter()
     symbolic = standalone_compile(lifted, [*fakes, *consts], dynamic_shapes="from_graph")
     compile_s = time.perf_counter() - start
@@ -75,15 +76,15 @@ def main(argv: list[str] | None = None) -> dict:
     for b in sizes:
         views = tuple(x[:b] for x in full)
         start = time.perf_counter()
-        gmb, _ = _trace(flat, views, b)
+        gmb, _ = record_graph(flat, views, b)
         rec_b = time.perf_counter() - start
-        lb, cb = _lift_constants(gmb)
+        lb, cb = lift_constants(gmb)
         start = time.perf_counter()
-        per = standalone_compile(lb, list(_copies((*views, *cb))), dynamic_shapes="from_example_inputs")
+        per = standalone_compile(lb, list(copies((*views, *cb))), dynamic_shapes="from_example_inputs")
         comp_b = time.perf_counter() - start
         sym_in, per_in = (*views, *consts), (*views, *cb)
         with torch.no_grad():
-            s_copy, p_copy = _copies(sym_in), _copies(per_in)
+            s_copy, p_copy = copies(sym_in), copies(per_in)
             s_out, p_out = symbolic(*s_copy), per(*p_copy)
             equal = all(torch.equal(x, y) for x, y in zip(s_out, p_out)) and all(
                 torch.equal(x, y) for x, y in zip(s_copy, p_copy))

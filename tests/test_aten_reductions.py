@@ -10,7 +10,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from draftgraph.graphs import GraphCaptureManager
 from draftgraph.graphs.aten_reductions import keep_aten_reductions
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 
 W = torch.linspace(-1.0, 1.0, 48, dtype=torch.float64).reshape(8, 6)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_support import MAX_NEW, models, prompts, reference
 
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime import (
     CudaGraphConfig,
     PhaseGraphConfig,

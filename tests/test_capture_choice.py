@@ -13,8 +13,8 @@ import time
 import pytest
 from engine_support import engine_args, models, prompts
 
-from draftgraph.graphs.compile_pool import CompilePool
-from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+from draftgraph.graphs.compile.pool import CompilePool
+from draftgraph.graphs.compile.worker import CompileWorker, CompileWorkerDied
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.engine import capture_choice
 from draftgraph.runtime.engine.capture_choice import MIN_CORES_BESIDE, choose_capture
@@ -146,7 +146,7 @@ _EXITING = textwrap.dedent("""
 def test_a_process_ending_with_units_pending_exits_within_seconds_and_quietly(tmp_path, backend, after_s, store):
     """With the store (compiles in the compile process) and without it (compiles here)."""
     if backend == "compile":
-        from draftgraph.graphs.backend_compile import compiler_available
+        from draftgraph.graphs.compile.inductor import compiler_available
         if not compiler_available():
             pytest.skip("the compile backend needs a C++ compiler")
     env = dict(os.environ, DRAFTGRAPH_COMPILED=store, DRAFTGRAPH_COMPILED_DIR=str(tmp_path / "store"),

@@ -1,4 +1,4 @@
-"""The compiled-code store (`runtime.compile_store`) and the entry format (`graphs.compiled_entry`):
+"""The compiled-code store (`runtime.compile_store`) and the entry format (`graphs.compile.entry`):
 digests, refusals, the size cap, the folder rules; no compiling here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from draftgraph.graphs.compiled_entry import ConstantTable, EntryError, entry_key, pack_entry, unpack_entry
+from draftgraph.graphs.compile.entry import ConstantTable, EntryError, entry_key, pack_entry, unpack_entry
 from draftgraph.runtime.compile_store import CompileStore, default_compile_store
 from draftgraph.runtime.private_dir import UnsafeFolderError
 
@@ -198,7 +198,7 @@ def test_entries_renamed_among_their_keys_are_refused_and_removed(tmp_path, capl
 
 
 def test_entry_manifests_bind_their_key_and_structure():
-    from draftgraph.graphs.compiled_entry import check_request, check_tensors, describe_request, describe_tensors
+    from draftgraph.graphs.compile.entry import check_request, check_tensors, describe_request, describe_tensors
 
     x, y = torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.int64)
     request = describe_request("step S=3", 2, (x, y))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import draftgraph.graphs.backend_compile as compile_module
+import draftgraph.graphs.compile.symbolic as compile_module
 from draftgraph.graphs import GraphCaptureManager
-from draftgraph.graphs.backend_compile import compiler_available
-from draftgraph.graphs.compile_symbolic import symbolic_default
+from draftgraph.graphs.compile.inductor import compiler_available
+from draftgraph.graphs.compile.symbolic import symbolic_default
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 
@@ -152,7 +152,7 @@ def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(
     the other sizes compile per size in a new compile process."""
     import logging
 
-    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+    from draftgraph.graphs.compile.worker import CompileWorker, CompileWorkerDied
 
     _use_store(monkeypatch, tmp_path / "store")
     real = CompileWorker.compile
@@ -194,7 +194,7 @@ def _no_compile(*_a, **_k):
 
 
 def test_a_symbolic_key_leaves_out_the_size_and_never_equals_a_per_size_key():
-    from draftgraph.graphs.compiled_entry import ConstantTable, entry_key
+    from draftgraph.graphs.compile.entry import ConstantTable, entry_key
 
     rows, table = torch.zeros(4, 3), ConstantTable({"w": torch.ones(3)})
     per = {b: entry_key("s", b, (rows[:b],), table, "compile") for b in (1, 2, 4)}
@@ -207,7 +207,7 @@ def test_a_symbolic_key_leaves_out_the_size_and_never_equals_a_per_size_key():
 def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size_without_recording(
         tmp_path, monkeypatch):
     from draftgraph.graphs import backend_trace
-    from draftgraph.graphs.compile_worker import CompileWorker
+    from draftgraph.graphs.compile.worker import CompileWorker
 
     folder = tmp_path / "store"
     _use_store(monkeypatch, folder)
@@ -215,7 +215,7 @@ def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size
     first.stop_capture()
     assert len(_code_entries(folder)) == 1  # one artifact; each size's outputs in its manifest
     store = _use_store(monkeypatch, folder)  # a fresh store object, as a new process opens it
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     monkeypatch.setattr(compile_module, "compile_symbolic", _no_compile)
     monkeypatch.setattr(CompileWorker, "compile", _no_compile)
     second = _background_worker(monkeypatch)
@@ -263,7 +263,7 @@ def test_a_chain_step_that_drafts_nothing_is_stored_and_loaded(tmp_path, monkeyp
     first = EagleDraftWorker(args, TinyDraftModel(seed=0))
     first.capture_graphs("compile")
     _use_store(monkeypatch, tmp_path / "store")
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     second = EagleDraftWorker(args, TinyDraftModel(seed=0))
     second.capture_graphs("compile")
     assert {s: v.source for s, v in second.state.graphs.stats.sizes.items()} == {2: "loaded"}
@@ -301,8 +301,8 @@ def test_a_symbolic_compile_cut_off_by_a_close_still_counts_as_one_compile_ahead
     """A close is not the symbolic compile's failure: the sizes left still count one compile, not
     one each (a compile process that died sends the later sizes per size: one each)."""
     from draftgraph.graphs import GraphCaptureError
-    from draftgraph.graphs.backend_compile import CompileBackend
-    from draftgraph.graphs.compile_worker import CompileWorkerDied
+    from draftgraph.graphs.compile.backend import CompileBackend
+    from draftgraph.graphs.compile.worker import CompileWorkerDied
 
     class Gone:
         def __init__(self) -> None:

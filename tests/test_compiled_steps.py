@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from draftgraph.graphs import backend_trace
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -97,9 +97,10 @@ def stored_folder(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_second_worker_loads_every_size_without_recording(stored_folder, monkeypatch):
     store = _use_store(monkeypatch, stored_folder)
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     w = _worker("compile", TinyDraftModel(seed=0), background=True)  # queued: loaded at once
     assert _sources(w) == {1: "loaded", 2: "loaded"}
     assert all(v.compile_s == 0.0 and v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
@@ -113,9 +114,10 @@ def test_a_second_worker_loads_every_size_without_recording(stored_folder, monke
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
     _use_store(monkeypatch, stored_folder)
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     w = _worker("compile", TinyDraftModel(seed=0))
     assert _sources(w) == {1: "loaded", 2: "loaded"}
     before = _outputs(w, 2, 11)
@@ -128,6 +130,7 @@ def test_a_loaded_step_reads_updated_weights(stored_folder, monkeypatch):
     assert any(not torch.equal(g, b) for g, b in zip(got, before))  # the new weights mattered
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, monkeypatch, caplog):
     folder = tmp_path / "store"
     folder.mkdir(mode=0o700)
@@ -147,6 +150,7 @@ def test_a_damaged_entry_is_named_refused_and_rebuilt(stored_folder, tmp_path, m
     assert CompileStore(folder).get(victim.name.removesuffix(".dgc")) is not None
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_changed_structure_misses(stored_folder, monkeypatch):
     _use_store(monkeypatch, stored_folder)
     w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(2, 2, 4), CudaGraphConfig(PhaseGraphConfig(bs=(1,)))),
@@ -157,12 +161,13 @@ def test_a_changed_structure_misses(stored_folder, monkeypatch):
     manager.release()
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_identical_graphs_compile_once(stored_folder, tmp_path, monkeypatch):
     folder = tmp_path / "store"
     store = _use_store(monkeypatch, folder)
     w = _worker("compile", TinyDraftModel(seed=0))
     assert _sources(w) == {1: "recorded", 2: "recorded"}
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     twin = w.build_runtime_state(3, 6, topk=2)  # the same structure as the active state
     assert {s: v.source for s, v in twin.graphs.stats.sizes.items()} == {1: "shared", 2: "shared"}
     assert store.written == len(SIZES)
@@ -182,6 +187,7 @@ def _renamed_among_keys(src: Path, dst: Path, store: CompileStore) -> dict[str, 
     return moved
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles
 @pytest.mark.parametrize("symbolic", ["0", "1"], ids=["per-size", "symbolic"])
 def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_path, monkeypatch, caplog, symbolic):
     """Issue 40: valid entries renamed among their keys were loaded and run as another
@@ -227,7 +233,7 @@ def test_a_fresh_process_loads_every_size(stored_folder):
         from draftgraph.runtime.testing import TinyDraftModel
         def no_recording(*a, **k):
             raise AssertionError("recorded")
-        backend_trace._trace = no_recording
+        backend_trace.record_graph = no_recording
         w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs={SIZES!r}))),
                              TinyDraftModel(seed=0))
         w.capture_graphs("compile", background=True)
@@ -272,7 +278,7 @@ def test_a_closed_compile_process_starts_no_new_one():
     """A unit that finishes recording after the capture stopped must not compile on."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from draftgraph.graphs.compile_worker import CompileWorker, CompileWorkerDied
+    from draftgraph.graphs.compile.worker import CompileWorker, CompileWorkerDied
 
     worker = CompileWorker()
     worker.close()
@@ -288,8 +294,8 @@ def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_onl
     for node (`graph_wire`), so the child's artifact takes the same arguments as the graph."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from draftgraph.graphs.backend_compile import _load_artifact, inductor_cache_dir
-    from draftgraph.graphs.compile_worker import CompileWorker
+    from draftgraph.graphs.compile.inductor import inductor_cache_dir, load_artifact
+    from draftgraph.graphs.compile.worker import CompileWorker
 
     def step(x, cache):
         cache.add_(1)
@@ -304,13 +310,14 @@ def test_code_from_the_compile_process_runs_here_for_a_graph_with_a_constant_onl
     finally:
         worker.close()
     assert worker.compiles == 1 and worker.compile_s > 0
-    compiled = _load_artifact(raw)
+    compiled = load_artifact(raw)
     c1, c2 = cache.clone(), cache.clone()
     with torch.no_grad():
         want, got = gm(x, c1), compiled(x, c2)
     assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(c1, c2)
 
 
+@pytest.mark.slow  # the slow tier: inductor compiles (or the stored_folder fixture's)
 def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, monkeypatch):
     """Chain S=1 drafts nothing (the input's top token is the draft): inductor saves no artifact
     for it, so the entry holds the recorded graph; a second worker loads it without recording."""
@@ -320,7 +327,7 @@ def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, m
     first.capture_graphs("compile")
     assert {s: v.source for s, v in first.state.graphs.stats.sizes.items()} == {2: "recorded"}
     _use_store(monkeypatch, tmp_path / "store")
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     second = EagleDraftWorker(args, TinyDraftModel(seed=0))
     second.capture_graphs("compile")
     assert {s: (v.source, v.engine) for s, v in second.state.graphs.stats.sizes.items()} == {2: ("loaded", "fx")}

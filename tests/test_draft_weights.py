@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference, tiny_worker
 
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime import (
     EagleDraftWorker,
     SpeculativeConfig,
@@ -208,8 +208,9 @@ def _outputs(w: EagleDraftWorker, b: int, seed: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("backend", [
-    "trace", pytest.param("compile", marks=pytest.mark.skipif(not compiler_available(),
-                                                              reason="no C++ compiler for inductor"))])
+    "trace", pytest.param("compile", marks=[pytest.mark.skipif(not compiler_available(),
+                                                               reason="no C++ compiler for inductor"),
+                                            pytest.mark.slow])])  # the slow tier: inductor compiles
 def test_graphs_read_the_new_weights_after_an_update(backend):
     """No backend freezes weights into its code: after an in-place update a replay equals a
     fresh eager worker built on the new weights."""

@@ -9,7 +9,7 @@ import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
 from draftgraph.graphs import backend_trace, record_spans
-from draftgraph.graphs.backend_compile import compiler_available
+from draftgraph.graphs.compile.inductor import compiler_available
 from draftgraph.runtime import SpeculativeConfig, stored_steps
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine
@@ -213,7 +213,7 @@ def test_compiled_phases_keep_their_code_and_load_from_the_store(tmp_path, monke
     finally:
         first.close()
     assert len(_code_entries(tmp_path / "store")) == 1 + 4  # the draft step's size, 4 phase units
-    monkeypatch.setattr(backend_trace, "_trace", _no_recording)
+    monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
     second = build("background")  # queued: stored units load at construction
     try:
         sources = {n: m.stats.sizes[2].source for n, m in second.worker.state.phases.managers.items()}

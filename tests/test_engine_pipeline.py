@@ -9,10 +9,10 @@ import torch
 from engine_support import models, prompts, reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sync_support import count_host_syncs, no_host_sync
 
 import draftgraph.runtime.engine.pipeline as pipeline_mod
 from draftgraph.graphs.spans import trace_spans
+from draftgraph.graphs.sync_audit import count_host_syncs, no_host_sync
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig, VerifyTree
 from draftgraph.runtime.engine import AcceptanceWatch, SpecDecodeEngine, accept
 

@@ -82,8 +82,11 @@ def test_result_keeps_its_meaning_until_taken(make_engine):
     assert 1 <= len(partial) < MAX_NEW and partial == reference()[0][:len(partial)]
     while engine.has_work():
         engine.step()
-    assert engine.result(rid) == engine.result(rid) == reference()[0]
+    assert engine.result(rid) == reference()[0]
+    assert engine.result(rid) == reference()[0]  # reading does not take it
     assert engine.pop_result(rid) == reference()[0]
+    with pytest.raises(KeyError):  # taking does
+        engine.result(rid)
 
 
 def test_step_returns_the_ids_that_ended(make_engine):

@@ -66,7 +66,8 @@ def manager() -> GraphCaptureManager:
 
 def test_backend_and_sizes(manager: GraphCaptureManager) -> None:
     assert manager.backend_name == "cuda" and manager.captured_sizes == SIZES
-    assert manager.stats.sizes[MAX].capture_bytes >= 0
+    # the largest size is captured first into the fresh pool: its outputs are allocated there
+    assert manager.stats.sizes[MAX].capture_bytes > 0
 
 
 @pytest.mark.parametrize("b", [1, 2, 3, 5, 8, 11, 16])

@@ -29,6 +29,37 @@ def test_import_runtime_loads_neither_models_nor_engine():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+_STATE = (
+    "import json, signal, sys, warnings\n"
+    "import torch  # first: torch installs warning filters of its own\n"
+    "def state():\n"
+    "    return [str(signal.getsignal(signal.SIGHUP)), [str(f) for f in warnings.filters]]\n"
+    "before = state()\n"
+    "import draftgraph.runtime\n"
+    "print(json.dumps([before, state()]))\n"
+)
+
+
+@pytest.mark.parametrize("argv0,command,changes", [("some-program", "simulate", False), ("pytest", "info", False),
+                                                   ("/venv/bin/draftgraph", "simulate", True),
+                                                   ("/venv/bin/draftgraph", "info", True)])
+def test_import_runtime_changes_no_process_state(argv0, command, changes):
+    """`import draftgraph.runtime` leaves the SIGHUP handler and the warning filters as they were
+    in any program; only the ``draftgraph`` console script itself sets up its process
+    (`runtime.console`: the filter for every command, the hold for simulate and generate): the
+    rows where it does show the check can fail."""
+    import signal
+
+    if not hasattr(signal, "SIGHUP"):
+        pytest.skip("needs SIGHUP (POSIX)")
+    done = _python(f"import sys; sys.argv = [{argv0!r}, {command!r}]\n" + _STATE)
+    assert done.returncode == 0, done.stderr
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (before != after) is changes
+    if changes:
+        assert ("HeldSighup" in after[0]) is (command == "simulate")
+
+
 def test_test_helpers_live_in_the_component_and_stay_importable():
     from draftgraph.runtime import models, testing
 
@@ -100,79 +131,18 @@ def test_one_route_from_sglang_to_runtime_args():
     assert isinstance(runtime_args_from_sglang(src), RuntimeArgs)
 
 
-def _runtime_modules() -> dict[str, Path]:
-    """Every module of draftgraph.runtime (package ``__init__`` files as the package's name)."""
-    import draftgraph.runtime as rt
-
-    root = Path(rt.__file__).parent
-    out = {}
-    for f in sorted(root.rglob("*.py")):
-        parts = list(f.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(["draftgraph.runtime", *parts])] = f
-    return out
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of ``known`` that ``path`` imports anywhere (top level or inside a function)."""
-    import ast
-
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            candidates = [target, *(f"{target}.{a.name}" for a in node.names)]
-        elif isinstance(node, ast.Import):
-            candidates = [a.name for a in node.names]
-        else:
-            continue
-        found.update(c for c in candidates if c in known and c != name)
-    return found
-
-
-def test_no_import_cycle_among_runtime_modules():
-    """Issue 29: config.py -> schedule.py / sglang/config.py -> config.py was a circle (through a
-    call-time import and MAX_NUM_STEPS); the limits live below config.py now. Package
-    ``__init__`` files are left out (they import their modules by design); every import counts,
-    also one inside a function."""
-    modules = {m: p for m, p in _runtime_modules().items() if p.name != "__init__.py"}
-    graph = {m: _imports(m, p, set(modules)) for m, p in modules.items()}
-    assert graph["draftgraph.runtime.schedule"] == {"draftgraph.runtime.limits", "draftgraph.runtime.validation"}
-    assert "draftgraph.runtime.config" in graph["draftgraph.runtime.sglang.config"]  # the graph sees edges
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        path.append(m)
-        for d in sorted(graph[m]):
-            if state.get(d) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
-            if d not in state:
-                visit(d)
-        path.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
-
-
 def test_each_runtime_module_imports_alone():
-    """Each module of draftgraph.runtime and draftgraph.graphs imported first, in an interpreter
-    holding no draftgraph module (an import order a circle would break)."""
-    names = list(_runtime_modules())
+    """Each module of draftgraph.runtime and draftgraph.graphs (subpackages included) imported
+    first, in an interpreter holding no draftgraph module (an import order a circle would break;
+    the circle itself: tests/test_structure.py)."""
+    from structure_support import modules
+
+    root = Path(__file__).resolve().parents[1]
+    names = [*modules(root / "runtime", "draftgraph.runtime"), *modules(root / "graphs", "draftgraph.graphs")]
     code = (
         "import importlib, json, sys, traceback\n"
         "import torch  # loaded once; draftgraph's modules are dropped before each import\n"
-        "import draftgraph.graphs as g, pkgutil\n"
-        f"names = {names!r} + ['draftgraph.graphs.' + m.name for m in pkgutil.iter_modules(g.__path__)]\n"
+        f"names = {names!r}\n"
         "failed = {}\n"
         "for name in names:\n"
         "    for m in [m for m in sys.modules if m == 'draftgraph' or m.startswith('draftgraph.')]:\n"

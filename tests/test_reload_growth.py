@@ -14,6 +14,7 @@ import linecache
 
 import torch.fx as fx
 from engine_support import tiny_worker
+from memory_support import slope
 
 from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.adaptive import AdaptiveStepController
@@ -23,13 +24,6 @@ from draftgraph.runtime.testing import make_draft_input
 def _fx_entries() -> int:
     cache = getattr(getattr(fx.graph_module, "_loader", None), "eval_cache", None)
     return len(cache) if isinstance(cache, dict) else 0
-
-
-def _slope(ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` against 0, 1, 2, ..."""
-    n = len(ys)
-    mx, my = (n - 1) / 2, sum(ys) / n
-    return sum((x - mx) * (y - my) for x, y in enumerate(ys)) / sum((x - mx) ** 2 for x in range(n))
 
 
 def _reload_cycle(worker, controller, s: int) -> None:
@@ -60,9 +54,9 @@ def test_fx_sources_stay_flat_over_200_reloads_on_the_trace_backend():
             gc.collect()
             entries.append(_fx_entries())
             lines.append(len(linecache.cache))
-    per_reload = _slope(entries) / 10
+    per_reload = slope(entries) / 10
     assert per_reload < 0.01, f"FX sources grow by {per_reload:.3f} entries per reload: {entries}"
-    assert _slope(lines) / 10 < 0.01, f"linecache grows per reload: {lines}"
+    assert slope(lines) / 10 < 0.01, f"linecache grows per reload: {lines}"
 
 
 def test_a_recorded_graph_dropped_unreleased_takes_its_fx_source_along():

@@ -343,7 +343,8 @@ def test_sighup_as_simulate_exits_does_not_kill_it(tmp_path):
 
 
 def test_console_hold_is_only_for_the_console_script():
-    from draftgraph.runtime import _console_signal as cs
-    assert cs._is_console(["/venv/bin/draftgraph", "simulate"]) and cs._is_console(["-m", "generate"])
-    assert not cs._is_console(["/venv/bin/draftgraph", "info"])
-    assert not cs._is_console(["/usr/bin/pytest", "simulate"]) and not cs._is_console(["x"])
+    from draftgraph.runtime import console
+    assert console.is_console_script(["/venv/bin/draftgraph", "simulate"])
+    assert console.is_console_script(["-m", "generate"])
+    assert not console.is_console_script(["/usr/bin/pytest", "simulate"]) and not console.is_console_script(["x"])
+    assert not console.is_console_script([])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftgraph.graphs import backend_compile
+from draftgraph.graphs.compile import speed
 
 
 class _LoadedMachine:
@@ -39,8 +39,8 @@ class _LoadedMachine:
 @pytest.mark.parametrize("quiet_calls", [0, 5, 9, 12, 19, 100])
 def test_the_slower_step_is_found_slower_whenever_the_load_changes(monkeypatch, quiet_calls):
     machine = _LoadedMachine(quiet_calls, busy=5.0)
-    monkeypatch.setattr(backend_compile, "time", SimpleNamespace(perf_counter=machine.perf_counter))
-    a_s, b_s, ratio = backend_compile._paired_seconds(machine.slow, machine.fast, rounds=9)
+    monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=machine.perf_counter))
+    a_s, b_s, ratio = speed.paired_seconds(machine.slow, machine.fast, rounds=9)
     assert ratio == pytest.approx(1.5)  # every round ran both at one load: 1.5 / 1
     assert machine.calls == 2 + 2 * 9
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_support import no_host_sync
 
 from draftgraph.graphs import GraphCaptureError
+from draftgraph.graphs.sync_audit import no_host_sync
 from draftgraph.runtime import EagleDraftWorker, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 from draftgraph.runtime.tree import build_tree

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgraph.graphs import capture_batch_sizes, record_spans, resolve_backend
-from draftgraph.graphs.backend_compile import compiler_available, inductor_cache_dir
+from draftgraph.graphs.compile.inductor import compiler_available, inductor_cache_dir
 from draftgraph.runtime import (
     CudaGraphConfig,
     PhaseGraphConfig,
@@ -28,7 +28,9 @@ from draftgraph.runtime import (
     chain_capacity,
     parse_tree_choices,
 )
+from draftgraph.runtime.console import prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.settings import read_settings
 
 from .phases import default_graph_phases
 from .profile_report import format_table
@@ -170,7 +172,7 @@ def _info(ns: argparse.Namespace) -> int:
            "capture_choice": choose_capture(ns.capture,
                                             ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)
                                             ).as_dict(),
-           "inductor_cache_dir": str(inductor_cache_dir())}
+           "inductor_cache_dir": str(inductor_cache_dir()), "settings": read_settings().as_dict()}
     if out["backend"] != "eager":
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
                                    else ns.graph_phases)
@@ -567,6 +569,7 @@ def _quiet_cpu_torch_notices() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `draftgraph` console script."""
+    prepare_console(sys.argv[1:] if argv is None else argv)  # the command's set-up (`runtime.console`)
     ap = _parser()
     ns = ap.parse_args(argv)
     _quiet_cpu_torch_notices()

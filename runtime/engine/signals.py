@@ -3,7 +3,7 @@
 `draftgraph simulate` reloads from ``--reload-config`` on SIGHUP. A handler installed only once
 the engine is built leaves the default action (the process dies) to every SIGHUP that comes
 during model loading or capture, or while the report is written. The console script takes the
-signal before torch is imported (`draftgraph.runtime._console_signal`, which counts what comes);
+signal before torch is imported (`draftgraph.runtime.console`, which counts what comes);
 `ProcessReloadSignal` takes it over first thing in the CLI's ``main``, keeps it until the process
 exits (the CLI never gives it back) and answers each phase:
 

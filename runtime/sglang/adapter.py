@@ -25,7 +25,7 @@ from draftgraph.graphs import span
 from ..chain import ChainBuffers, chain_fast_views
 from ..state import DraftCounters
 from ..validation import require_positive_int
-from .config import _published_server_args, sglang_chain_capacity
+from .config import published_server_args, sglang_chain_capacity
 
 __all__ = ["AdoptedChain", "SGLangChainHandle", "install_chain_buffers"]
 
@@ -168,7 +168,7 @@ class SGLangChainHandle:
 
     def _config_source(self) -> Any:
         """None (the published context) when SGLang published one, else the worker's server_args."""
-        return None if _published_server_args() is not None else self.worker.server_args
+        return None if published_server_args() is not None else self.worker.server_args
 
     def _adopt_or_rebuild(self) -> None:
         """Adopt the worker's current chain tensors when they are exactly the constants, else rebuild."""

@@ -24,7 +24,8 @@ from typing import Any
 from ..config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig, chain_capacity
 from ..validation import ConfigTypeError
 
-__all__ = ["runtime_args_from_sglang", "graph_config_from_sglang", "sglang_chain_capacity", "SGLANG_DECODE_BACKENDS"]
+__all__ = ["runtime_args_from_sglang", "graph_config_from_sglang", "published_server_args", "sglang_chain_capacity",
+           "SGLANG_DECODE_BACKENDS"]
 
 SGLANG_DECODE_BACKENDS = ("full", "breakable", "disabled")
 """Values of SGLang 0.5.23's ``PhaseConfig.backend``; only "disabled" turns decode graphs off."""
@@ -137,7 +138,7 @@ def _required(read: _Reader, name: str, origin: str) -> Any:
 # ---- sources -----------------------------------------------------------------------------------
 def _reader_for(server_args: Any) -> tuple[_Reader, str]:
     """(field reader, description) for the best source available for ``server_args``."""
-    published = _published_server_args()
+    published = published_server_args()
     if server_args is None:
         if published is None:
             raise ValueError(
@@ -159,7 +160,7 @@ def _is_sglang_object(obj: Any) -> bool:
     return type(obj).__module__.split(".", 1)[0] == "sglang"
 
 
-def _published_server_args() -> Any:
+def published_server_args() -> Any:
     """The ServerArgs SGLang published in this process, or None (also when sglang is not loaded).
 
     Only looks when ``sglang.srt.runtime_context`` is already imported: nothing can have been

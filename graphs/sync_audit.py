@@ -1,6 +1,7 @@
-"""`no_host_sync()`: fail when the code inside reads a device value on the host.
+"""Host reads of device values, found and counted: `no_host_sync` and `count_host_syncs`.
 
-Three nets, from the Python surface down: `HostSyncGuard` (draftgraph's capture guard: ``.item()``,
+A tool for tests and benchmarks (both use it; scripts import nothing from tests/). Three nets,
+from the Python surface down: `HostSyncGuard` (draftgraph's capture guard: ``.item()``,
 ``.tolist()``, ``bool(t)``, ``int(t)``, ..), a dispatch mode that sees every aten op (the scalar
 read `HOST_SYNC_OP` however it is reached, and the ops whose output shape depends on values,
 which sync on CUDA), and on CUDA torch's own sync debug mode ("error": any synchronizing call).
@@ -15,7 +16,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from draftgraph.graphs.hostsync import HOST_SYNC_METHODS, HOST_SYNC_OP, HostSyncGuard
+from .hostsync import HOST_SYNC_METHODS, HOST_SYNC_OP, HostSyncGuard
+
+__all__ = ["SYNC_OPS", "count_host_syncs", "no_host_sync"]
 
 # aten ops that read values on the host: the scalar read, and outputs sized by values
 SYNC_OPS = frozenset({HOST_SYNC_OP, "aten.nonzero", "aten.masked_select", "aten._unique2",
@@ -53,7 +56,8 @@ def no_host_sync(cuda: bool | None = None) -> Iterator[None]:
     finally:
         if cuda:
             torch.cuda.set_sync_debug_mode(before)
-    assert not ops.seen, f"host syncs inside the block: {ops.seen}"
+    if ops.seen:  # a check's verdict, as pytest reads it (not an internal assumption)
+        raise AssertionError(f"host syncs inside the block: {ops.seen}")
 
 
 class _SyncCalls(TorchFunctionMode):

@@ -8,8 +8,8 @@ shapes, strides and dtypes of its inputs to a process of its own, which compiles
 (``standalone_compile``, specialized on those shapes, over zero-filled stand-ins: the values
 never reach the code; or once with a symbolic batch dimension, over fake inputs, for
 `compile_symbolic`) and returns the artifact's bytes; the caller loads them
-(`backend_compile._load_artifact`, milliseconds) and checks the result bitwise as it checks
-an in-process compile. The process (`_serve` run by ``python -c``, length-prefixed pickles
+(`inductor.load_artifact`, milliseconds) and checks the result bitwise as it checks
+an in-process compile. The process (`serve` run by ``python -c``, length-prefixed pickles
 over its stdin and stdout: a private pipe) is started on first use (it imports torch and
 inductor once), reused, and runs at a lower priority; it uses the same inductor cache folder.
 When it dies the call raises `CompileWorkerDied` (the caller's size stays eager, counted) and
@@ -33,9 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from .graph_wire import graph_from_wire, graph_to_wire
+from ..graph_wire import graph_from_wire, graph_to_wire
+from .inductor import artifact_bytes, compile_symbolic, inductor_artifact
 
-__all__ = ["CompileWorker", "CompileWorkerDied"]
+__all__ = ["CompileWorker", "CompileWorkerDied", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +75,7 @@ def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int,
     """In the compile process: (artifact bytes, seconds). ``threads``: the parent's intra-op
     threads (inductor's CPU code depends on it, and so does its cache key: the same count
     makes the same code and shares the parent's cache entries). ``dynamic`` > 0: dim 0 of the
-    first ``dynamic`` inputs is symbolic, one compile for every batch size (`compile_symbolic`)."""
-    from .backend_compile import _artifact_bytes, _inductor_artifact
-    from .compile_symbolic import compile_symbolic
-
+    first ``dynamic`` inputs is symbolic, one compile for every batch size (`symbolic`)."""
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     gm = graph_from_wire(graph)
@@ -89,8 +87,8 @@ def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int,
         else:
             inputs = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype)).zero_()
                       for shape, stride, dtype in metas]
-            artifact = _inductor_artifact(gm, inputs)
-    return _artifact_bytes(artifact), time.perf_counter() - start
+            artifact = inductor_artifact(gm, inputs)
+    return artifact_bytes(artifact), time.perf_counter() - start
 
 
 _LEN = struct.Struct("<Q")
@@ -126,7 +124,7 @@ class _DropNoCudaNotice(logging.Filter):
         return not str(record.msg).startswith("No CUDA runtime is found")
 
 
-def _serve() -> None:
+def serve() -> None:
     """The compile process's loop: one request in (stdin), one answer out (stdout), until EOF."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever inductor prints must not corrupt the answers
@@ -165,7 +163,7 @@ class CompileWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the draftgraph this process runs
         if self._cache_dir:
             env["TORCHINDUCTOR_CACHE_DIR"] = self._cache_dir
-        code = "from draftgraph.graphs.compile_worker import _serve; _serve()"
+        code = "from draftgraph.graphs.compile.worker import serve; serve()"
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def compile(self, gm: fx.GraphModule, inputs: tuple[Tensor, ...] | list[Tensor], dynamic: int = 0) -> bytes:

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor, fx
 
-from .compile_worker import CompileWorker, CompileWorkerDied
+from .worker import CompileWorker, CompileWorkerDied
 
 __all__ = ["CompilePool"]
 

@@ -12,7 +12,7 @@ The key (`entry_key`) is a SHA-256 over the caller's structure string (what the 
 model, configuration, code version), the size, the static inputs' and the constant table's
 metadata (shape, stride, offset, dtype, device), the torch version, the CPU capability and
 the backend: a different structure, torch or backend never loads another's code. A symbolic
-entry (one compile with a symbolic batch dimension, `compile_symbolic`) has a key of its own
+entry (one compile with a symbolic batch dimension, `symbolic`) has a key of its own
 without the size, and its manifest holds each checked size's outputs (``sizes``). A store
 (`CompiledStore`, given by the caller: graphs/ does no file I/O of its own) keeps the bytes.
 A payload that cannot be parsed or loaded is refused through the store (named, removed) and
@@ -84,7 +84,7 @@ class StoredCode(NamedTuple):
     """What a manager needs to store and load compiled code: the ``store``, the ``structure``
     string of its step (model, configuration, code version: part of every key),
     ``constants()``, the constant table (name -> tensor) read when a capture starts, and an
-    optional ``compiler`` (`compile_worker.CompileWorker`: compile in another process)."""
+    optional ``compiler`` (`worker.CompileWorker`: compile in another process)."""
 
     store: CompiledStore
     structure: str
