@@ -98,8 +98,7 @@ class SpecDecodeEngine:
         if not isinstance(args, RuntimeArgs):
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
         if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
-            raise TypeError(f"target={type(target).__name__}: must be an HFTarget (or have its "
-                            f"new_cache and cfg)")
+            raise TypeError(f"target={type(target).__name__}: must be an HFTarget (new_cache, cfg)")
         check_backend = getattr(target, "check_backend", None)  # a target refusing a graph backend
         if check_backend is not None:
             check_backend(backend)

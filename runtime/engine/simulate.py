@@ -308,9 +308,8 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     outs = [taken[i] if i in taken else _take(engine, i) for i in ids]
     st = engine.stats()
     report: dict[str, Any] = {
-        "models": describe_models(target, draft, source),
-        "requests": len(ids), "requests_failed": st["requests_failed"], "loop_steps": step,
-        "requested_tokens": sum(max_new[:len(ids)]),
+        "models": describe_models(target, draft, source), "requests": len(ids),
+        "requests_failed": st["requests_failed"], "loop_steps": step, "requested_tokens": sum(max_new[:len(ids)]),
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],

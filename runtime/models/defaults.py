@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from draftgraph.graphs.settings import cache_root
+
 from ..private_dir import UnsafeFolderError, create_exclusive, open_lock, private_dir, read_regular
 from .corpus import load_corpus
 from .default_spec import DRAFT_VOCAB, EAGLE3_LAYER_IDS, MAX_LEN, head_config, spec_dict, target_config
@@ -71,8 +73,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 def model_cache_dir() -> Path:
     """Where trained weights live: $DRAFTGRAPH_CACHE or ~/.cache/draftgraph."""
-    env = os.environ.get("DRAFTGRAPH_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "draftgraph"
+    return cache_root(expand=False)
 
 
 def _digest_path(path: Path) -> Path:
