@@ -146,6 +146,13 @@ class HFEagleHead(nn.Module):
             self.layers = nn.ModuleList(_Layer(config, h, i > 0, False, hd, biased) for i in range(n_layers))
         self.rotary = LlamaRotaryEmbedding(config)
         self.to(dtype=dtype, device=device)
+        # RoPE angles once, as tables read by position: every backend then gathers the same
+        # values (a compiled kernel's own cos / sin may differ from eager's in the last bit)
+        with torch.no_grad():
+            cos, sin = self.rotary(torch.zeros(1, dtype=dtype, device=device),
+                                   torch.arange(target.cfg.max_len, device=device)[None])
+        self.register_buffer("rope_cos", cos[0], persistent=False)  # [max_len, head_dim]
+        self.register_buffer("rope_sin", sin[0], persistent=False)
         # the target's tensors, shared (non-persistent: never saved, refitted or copied)
         self.register_buffer("embed_w", target.embed.weight.detach(), persistent=False)
         if not eagle3:
@@ -219,8 +226,7 @@ class HFEagleHead(nn.Module):
         q = attn.q_proj(x).unflatten(-1, (c.n_heads, c.head_dim))
         k = attn.k_proj(x).unflatten(-1, (c.n_kv_heads, c.head_dim))
         v = attn.v_proj(x).unflatten(-1, (c.n_kv_heads, c.head_dim))
-        cos, sin = self.rotary(x, pos)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        cos, sin = self.rope_cos[pos].unsqueeze(-2), self.rope_sin[pos].unsqueeze(-2)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     @staticmethod
