@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = [list(x) for x in held_out_prompts(conc, seed=40 + conc)]
         args_for = lambda spec: RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=16)),  # noqa: E731
                                             max_running_requests=16, device=a.device)
-        engines = {f"{name}|{be}": SpecDecodeEngine(args_for(spec), target, models[d][1], backend=be,
+        # each draft with its target: the same weights, the features that draft reads
+        engines = {f"{name}|{be}": SpecDecodeEngine(args_for(spec), *models[d], backend=be,
                                                     capture="blocking")  # every graph before timing
                    for name, d, spec, be in _configs(a.quick)}
         warm = [p[:16] for p in prompts]  # untimed: lazy init and allocator warm-up for every path
