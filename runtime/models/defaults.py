@@ -1,4 +1,6 @@
-"""`default_models`: the embedded target and drafts, trained at first use and cached.
+"""`default_models`: the embedded target and drafts, trained at first use, cached, written as
+checkpoints (`default_checkpoints`: the target with ``save_pretrained``, the EAGLE-3 head in its
+published layout) and loaded back through `load_models`, the path a user's checkpoint takes.
 
 Cache: ``$DRAFTGRAPH_CACHE`` or ``~/.cache/draftgraph``, one file per (model shapes, training
 plan, seed, corpus digest). Training shows a progress bar and takes a few minutes on 2 cores;
@@ -19,7 +21,8 @@ unreadable ``.sha256`` is a missing digest (the file is checked by loading it, a
 written again), not a mismatch that deletes valid weights.
 Inference runs the target in float64 (so a batched tree verify and
 one-token decoding pick the same argmax: rounding differences are ~1e-16, far below any gap
-between logits) and the drafts in float32 (a draft's rounding cannot change what is accepted).
+between logits), the EAGLE-3 head in the target's dtype and the multi-layer draft in float32 (a
+draft's rounding cannot change what is accepted).
 """
 
 from __future__ import annotations
