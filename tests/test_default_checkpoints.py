@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 import torch
 from engine_support import MAX_NEW, build_engine, prompts, reference
+from test_model_cache import TINY, cache  # noqa: F401  # the tiny plan and its empty cache folder
 
 from draftgraph.runtime.models import defaults
-from draftgraph.runtime.models.training import TrainPlan
 
-TINY = TrainPlan(target_steps=1, target_batch=1, target_seq=16, distill_prompts=1, distill_prompt_len=8,
-                 distill_new=2, eagle_steps=1, multi_layer_steps=1, draft_batch=1)
 # the published EAGLE-3 key layout (SpecForge, SGLang's and vLLM's loaders)
 EAGLE3_KEYS = {"fc.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
                "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
@@ -63,15 +60,8 @@ def test_the_default_head_is_in_the_published_eagle3_layout():
     assert int(tensors["t2d"].sum()) == 128 and bool(tensors["t2d"][ids].all())
 
 
-@pytest.fixture
-def tiny_cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("DRAFTGRAPH_CACHE", str(tmp_path))
-    defaults._weights.cache_clear()
-    yield tmp_path
-    defaults._weights.cache_clear()
-
-
-def test_a_damaged_checkpoint_folder_is_written_again(tiny_cache, caplog):
+@pytest.mark.usefixtures("cache")  # an empty DRAFTGRAPH_CACHE (test_model_cache's fixture)
+def test_a_damaged_checkpoint_folder_is_written_again(caplog):
     defaults.default_models(plan=TINY)
     target_dir, _ = defaults.default_checkpoints(plan=TINY)
     weights = target_dir / "model.safetensors"
