@@ -15,81 +15,70 @@ The public API (`__all__`, sorted) is what a serving engine needs, by job:
 - SGLang drop-in (`runtime.sglang`): `install_chain_buffers`, `runtime_args_from_sglang`;
 - several ranks (`runtime.ranks`): `RankCoordinator`, `spawn_ranks`.
 
-Everything else is importable from its own module (for example `runtime.chain.ChainBuffers`,
-`runtime.topology.TopologyBufferCache`, `runtime.tree_choices.check_tree_choices`,
+Everything else is importable from its own module (for example `runtime.topology.chain.ChainBuffers`,
+`runtime.topology.buffers.TopologyBufferCache`, `runtime.topology.tree_choices.check_tree_choices`,
 `runtime.args_file.runtime_args_from_dict`, `runtime.ranks.launch.RankLaunchError`); the small
 test model and input maker are in `runtime.testing`.
+
+Importing the package loads nothing else (PEP 562: each name is imported on first use), so
+``import draftgraph.runtime`` changes no process state and loads no torch; the ``draftgraph``
+command's own set-up (SIGHUP held, torch's NumPy notice dropped) is in its entry,
+`draftgraph.runtime.entry.main`.
 """
 
 from __future__ import annotations
 
-# first, before torch loads: the `draftgraph` console script's own set-up, nothing for any other
-# program (see `console`)
-from .console import prepare_console_script  # isort: skip
+import importlib
+from typing import Any
 
-prepare_console_script()
+# public name -> the module (relative to this package) that defines it
+_HOMES: dict[str, str] = {
+    "AdaptiveStepController": "worker.adaptive",
+    "ConfigTypeError": "validation",
+    "CudaGraphConfig": "config",
+    "DraftCounters": "worker.state",
+    "DraftInput": "draft_io",
+    "DraftResult": "draft_io",
+    "EagleDraftWorker": "worker.eagle",
+    "EagleDraftWorkerBase": "worker.base",
+    "MultiLayerEagleDraftWorker": "worker.multi_layer",
+    "PhaseGraphConfig": "config",
+    "RELOAD_POLICIES": "worker.reload",
+    "RankCoordinator": "ranks.coordinator",
+    "ReloadError": "worker.reload",
+    "RuntimeArgs": "config",
+    "RuntimeState": "worker.state",
+    "SpeculationSchedule": "schedule",
+    "SpeculativeConfig": "config",
+    "StaleWeightsError": "worker.weights",
+    "StateStats": "worker.state",
+    "StaticTopology": "topology.tree_choices",
+    "TopologyBuffers": "topology.buffers",
+    "VerifyTree": "topology.verify_tree",
+    "build_tree": "topology.verify_tree",
+    "chain_capacity": "config",
+    "fast_topk": "topology.organize",
+    "install_chain_buffers": "sglang.adapter",
+    "install_reload_signal": "args_file",
+    "load_runtime_args": "args_file",
+    "organize_draft_results": "topology.organize",
+    "parse_tree_choices": "topology.tree_choices",
+    "runtime_args_from_sglang": "sglang.config",
+    "select_top_k_tokens": "topology.organize",
+    "spawn_ranks": "ranks.launch",
+}
+
+__all__ = sorted(_HOMES)
 
 
-from .adaptive import AdaptiveStepController  # runtime states
-from .args_file import install_reload_signal, load_runtime_args  # configuration, reload
-from .config import (  # configuration
-    CudaGraphConfig,
-    PhaseGraphConfig,
-    RuntimeArgs,
-    SpeculativeConfig,
-    chain_capacity,
-)
-from .draft_input import DraftInput  # draft workers
-from .draft_result import DraftResult  # draft workers
-from .eagle_worker import EagleDraftWorker  # draft workers
-from .multi_layer_worker import MultiLayerEagleDraftWorker  # draft workers
-from .organize import fast_topk, organize_draft_results, select_top_k_tokens  # organize
-from .ranks.coordinator import RankCoordinator  # several ranks
-from .ranks.launch import spawn_ranks  # several ranks
-from .reload import RELOAD_POLICIES, ReloadError  # runtime states, reload
-from .schedule import SpeculationSchedule  # configuration
-from .sglang.adapter import install_chain_buffers  # SGLang drop-in
-from .sglang.config import runtime_args_from_sglang  # SGLang drop-in
-from .state import DraftCounters, RuntimeState, StateStats  # runtime states
-from .topology import TopologyBuffers  # topology
-from .tree import VerifyTree, build_tree  # verify tree
-from .tree_choices import StaticTopology, parse_tree_choices  # static trees
-from .validation import ConfigTypeError  # configuration
-from .weights import StaleWeightsError  # draft weights
-from .worker_base import EagleDraftWorkerBase  # draft workers
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'draftgraph.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-__all__ = [
-    "AdaptiveStepController",
-    "ConfigTypeError",
-    "CudaGraphConfig",
-    "DraftCounters",
-    "DraftInput",
-    "DraftResult",
-    "EagleDraftWorker",
-    "EagleDraftWorkerBase",
-    "MultiLayerEagleDraftWorker",
-    "PhaseGraphConfig",
-    "RELOAD_POLICIES",
-    "RankCoordinator",
-    "ReloadError",
-    "RuntimeArgs",
-    "RuntimeState",
-    "SpeculationSchedule",
-    "SpeculativeConfig",
-    "StaleWeightsError",
-    "StateStats",
-    "StaticTopology",
-    "TopologyBuffers",
-    "VerifyTree",
-    "build_tree",
-    "chain_capacity",
-    "fast_topk",
-    "install_chain_buffers",
-    "install_reload_signal",
-    "load_runtime_args",
-    "organize_draft_results",
-    "parse_tree_choices",
-    "runtime_args_from_sglang",
-    "select_top_k_tokens",
-    "spawn_ranks",
-]
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -24,8 +24,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from draftgraph.runtime.bounds import DEFAULT_MAX_STATE_BYTES
+
 from .config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from .limits import DEFAULT_MAX_STATE_BYTES
 from .private_dir import read_regular
 from .schedule import SpeculationSchedule
 from .validation import ConfigTypeError

@@ -4,9 +4,9 @@
 own objects become a `RuntimeArgs` through one route, `draftgraph.runtime.sglang.config.
 runtime_args_from_sglang` (that module imports this one, never the other way).
 
-Bounds (`draftgraph.runtime.limits`): `SpeculativeConfig` refuses values past ``MAX_NUM_STEPS``
+Bounds (`draftgraph.runtime.bounds`): `SpeculativeConfig` refuses values past ``MAX_NUM_STEPS``
 (64), ``MAX_TOPK`` (64) and ``MAX_NUM_DRAFT_TOKENS`` (1024); a worker refuses to build a state whose estimated bytes
-(`draftgraph.runtime.budget`) exceed ``RuntimeArgs.max_state_bytes`` (default
+(`draftgraph.runtime.worker.budget`) exceed ``RuntimeArgs.max_state_bytes`` (default
 ``DEFAULT_MAX_STATE_BYTES``, 1 GiB), before allocating anything.
 """
 
@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from .limits import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
+from draftgraph.runtime.bounds import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
+from draftgraph.runtime.topology.tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
+
 from .schedule import SpeculationSchedule
-from .tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
 from .validation import (
     ConfigTypeError,
     require_int,
@@ -222,7 +223,7 @@ class RuntimeArgs:
     """Everything a draft worker needs: draft shape, graph settings, request pool, device, and
     ``max_state_bytes``: the most bytes a worker may allocate for one state (topology buffers,
     static graph inputs and outputs; estimated before allocating, see
-    `draftgraph.runtime.budget`), default ``DEFAULT_MAX_STATE_BYTES`` (1 GiB); raise it to
+    `draftgraph.runtime.worker.budget`), default ``DEFAULT_MAX_STATE_BYTES`` (1 GiB); raise it to
     serve larger configurations. ``schedule``: a `SpeculationSchedule` (S by batch size, for
     the engine; a worker serves ``speculative`` and ignores it)."""
 

@@ -9,27 +9,23 @@ Two things only the command wants, never a library import:
   (it is not a dependency), so after a plain ``pip install`` every command, ``--help``
   included, printed a line nobody can act on.
 
-`prepare_console` does both for a command line; the command's `main` calls it first. Both have
-to be in place before torch loads too (the notice is printed by ``import torch``, and a SIGHUP
-in the one to two seconds of that import would end the process), and the command's module
-can only be reached through ``draftgraph.runtime``, whose imports load torch: so that package
-calls `prepare_console_script` first, which does the same only when this process *is* the
-``draftgraph`` console script (or ``python -m draftgraph.runtime.engine.cli``) and nothing
-otherwise. Any other program importing the library changes no process state.
+`prepare_console` does both for a command line. The command's entry, `draftgraph.runtime.entry.main`
+(the console script, ``python -m draftgraph.runtime``), calls it before it imports the command,
+whose imports load torch: both have to be in place before torch loads (the notice is printed by
+``import torch``, and a SIGHUP in the one to two seconds of that import would end the process).
+This module imports nothing but the standard library, and ``draftgraph.runtime`` loads its names
+lazily, so reaching it loads no torch. A library import changes no process state.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NUMPY_NOTICE", "SERVING_COMMANDS", "HeldSighup", "is_console_script", "prepare_console",
-           "prepare_console_script"]
+__all__ = ["NUMPY_NOTICE", "SERVING_COMMANDS", "HeldSighup", "prepare_console"]
 
 SERVING_COMMANDS = ("simulate", "generate")
 NUMPY_NOTICE = "Failed to initialize NumPy"
@@ -43,12 +39,6 @@ class HeldSighup:
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.held_signals += 1
-
-
-def is_console_script(argv: Sequence[str]) -> bool:
-    """True when ``argv`` (``sys.argv``) is the console script or ``python -m
-    draftgraph.runtime.engine.cli`` (argv[0] is "-m" while runpy imports the module's packages)."""
-    return bool(argv) and (os.path.basename(argv[0]) in ("draftgraph", "draftgraph.exe") or argv[0] == "-m")
 
 
 def _hold_sighup() -> None:
@@ -66,10 +56,3 @@ def prepare_console(command_args: Sequence[str]) -> None:
     warnings.filterwarnings("ignore", message=NUMPY_NOTICE, category=UserWarning)
     if command_args and command_args[0] in SERVING_COMMANDS:
         _hold_sighup()
-
-
-def prepare_console_script() -> None:
-    """`prepare_console` when this process is the console script (see the module docstring);
-    otherwise nothing."""
-    if is_console_script(list(sys.argv)):
-        prepare_console(sys.argv[1:])

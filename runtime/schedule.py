@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .limits import MAX_NUM_STEPS
+from draftgraph.runtime.bounds import MAX_NUM_STEPS
+
 from .validation import ConfigTypeError
 
 __all__ = ["ScheduleBand", "SpeculationSchedule"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .draft_input import DraftInput
+from draftgraph.runtime.draft_io import DraftInput
 
 __all__ = ["TinyDraftModel", "make_draft_input"]
 

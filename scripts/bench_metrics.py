@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.metrics import register_worker_metrics
+from draftgraph.runtime.prometheus import register_worker_metrics
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
 from scripts.benchutil import emit, record, target, time_interleaved
 

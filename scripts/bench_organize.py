@@ -22,8 +22,8 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
 )
-from draftgraph.runtime.organize import organize_chain_steps
 from draftgraph.runtime.testing import TinyDraftModel
+from draftgraph.runtime.topology.organize import organize_chain_steps
 from scripts.benchutil import count_ops, emit, load_sglang, record, synced, target, time_interleaved
 
 BATCHES = (1, 8, 64, 256)

@@ -70,7 +70,7 @@ def _free_port() -> int:
 def start_server(backend: str, streams: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime.engine.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime", "serve", "--port", str(port),
                              "--backend", backend, "--max-running", str(max(8, streams)), "--max-bs",
                              str(max(8, streams)), "--max-waiting", "64"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)

@@ -41,7 +41,7 @@ class ServerProcess:
         self.log_path = os.path.join(log_dir, f"serve-{self.port}.log")
         self._log = open(self.log_path, "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime.engine.cli", "serve",
+        self.proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime", "serve",
                                       "--port", str(self.port), *args], stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env)
 

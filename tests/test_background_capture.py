@@ -70,7 +70,7 @@ def test_steps_from_another_thread_equal_eager_while_graphs_publish(make_worker)
 
 
 def test_active_state_first_and_most_seen_sizes_first(monkeypatch, make_worker):
-    from draftgraph.runtime.capture_queue import CaptureQueue
+    from draftgraph.runtime.worker.capture_queue import CaptureQueue
 
     monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
     w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
@@ -184,7 +184,7 @@ class _Clock:
 
 
 def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, make_worker):
-    from draftgraph.runtime import capture_queue
+    from draftgraph.runtime.worker import capture_queue
 
     clock = _Clock()
     monkeypatch.setattr(capture_queue, "time", clock)  # the queue's pacing runs on the test's clock
@@ -220,7 +220,7 @@ def test_units_that_compile_elsewhere_are_not_paced(monkeypatch, make_worker):
     """A unit whose compile runs in the compile process holds this process only to record: a
     busy server gets every unit back to back (the clock never lets a paced one start)."""
     from draftgraph.graphs.manager import GraphCaptureManager
-    from draftgraph.runtime import capture_queue
+    from draftgraph.runtime.worker import capture_queue
 
     clock = _Clock()
     monkeypatch.setattr(capture_queue, "time", clock)
@@ -274,7 +274,7 @@ def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog, m
 
 
 def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkeypatch, make_worker):
-    from draftgraph.runtime.capture_queue import CaptureQueue
+    from draftgraph.runtime.worker.capture_queue import CaptureQueue
 
     monkeypatch.setattr(CaptureQueue, "_ensure_thread", lambda self: None)  # units run only here
     w = make_worker(SPEC, bs=(1, 2), backend=None)

@@ -23,10 +23,10 @@ from draftgraph.runtime import (
     install_reload_signal,
     load_runtime_args,
 )
-from draftgraph.runtime.budget import estimate_state_bytes
+from draftgraph.runtime.bounds import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
 from draftgraph.runtime.config import chain_capacity
-from draftgraph.runtime.limits import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+from draftgraph.runtime.worker.budget import estimate_state_bytes
 
 MODEL = TinyDraftModel()
 

@@ -8,7 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from draftgraph.runtime.capture_queue import MAX_THREADS, CaptureQueue
+from draftgraph.runtime.worker.capture_queue import MAX_THREADS, CaptureQueue
 
 TIMEOUT_S = 30.0  # a bound on every wait below (the units take milliseconds)
 

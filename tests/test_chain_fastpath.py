@@ -16,8 +16,8 @@ from draftgraph.runtime import (
     RuntimeArgs,
     SpeculativeConfig,
 )
-from draftgraph.runtime.chain import ChainBuffers
-from draftgraph.runtime.organize import organize_chain_steps
+from draftgraph.runtime.topology.chain import ChainBuffers
+from draftgraph.runtime.topology.organize import organize_chain_steps
 
 CAPACITY = 12
 

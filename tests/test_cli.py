@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "draftgraph.runtime.engine.cli"]
+CLI = [sys.executable, "-m", "draftgraph.runtime"]
 
 
 pytestmark = pytest.mark.usefixtures("trained_models")  # subprocesses load the cached models
@@ -138,8 +138,8 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
 
     from draftgraph.graphs.manager import GraphCaptureManager
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-    from draftgraph.runtime.capture_queue import CaptureQueue
     from draftgraph.runtime.engine import SpecDecodeEngine, simulate
+    from draftgraph.runtime.worker.capture_queue import CaptureQueue
 
     release, started = threading.Event(), threading.Event()
     real = GraphCaptureManager._capture_one

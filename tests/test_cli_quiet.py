@@ -11,22 +11,30 @@ import runpy, sys
 sys.modules["numpy"] = None  # as after a plain pip install: torch finds no NumPy
 sys.argv = [{argv0!r}, "--help"]
 try:
-    runpy.run_module("draftgraph.runtime.engine.cli", run_name="__main__")
+    runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
 except SystemExit:
     pass
 """
 
 
-def _stderr(argv0: str) -> str:
-    p = subprocess.run([sys.executable, "-c", _RUN.format(argv0=argv0)], capture_output=True, text=True,
-                       timeout=300)
+def _stderr(argv0: str, module: str) -> str:
+    p = subprocess.run([sys.executable, "-c", _RUN.format(argv0=argv0, module=module)], capture_output=True,
+                       text=True, timeout=300)
     return p.stderr
 
 
 def test_the_command_drops_torchs_numpy_notice_other_programs_keep_it():
-    other = _stderr("some-program")
+    # a program that imports the library and the command's module, whatever its name, keeps it
+    other = _stderr("draftgraph", "draftgraph.runtime.engine.cli")
     assert "Failed to initialize NumPy" in other  # the notice exists here: the check can fail
-    assert "Failed to initialize NumPy" not in _stderr("-m")  # python -m draftgraph.runtime.engine.cli
+    assert "Failed to initialize NumPy" not in _stderr("-m", "draftgraph.runtime")  # python -m draftgraph.runtime
+
+
+def test_the_library_loads_its_names_lazily():
+    code = ("import sys; import draftgraph.runtime as r; import draftgraph.runtime.console; "
+            "before = 'torch' in sys.modules; r.build_tree; print(before, 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.stdout.split() == ["False", "True"], p.stderr[-2000:]
 
 
 def test_waiting_for_graphs_shows_units_done_of_all_on_stderr(capsys):

@@ -104,8 +104,8 @@ def test_eagle_worker_symbolic_equals_eager(k, n, monkeypatch):
 
 def _use_store(monkeypatch, folder):
     """A fresh store object on ``folder`` (as a new process would open it)."""
-    from draftgraph.runtime import stored_steps
     from draftgraph.runtime.compile_store import CompileStore
+    from draftgraph.runtime.worker import stored_steps
 
     store = CompileStore(folder)
     monkeypatch.setenv("DRAFTGRAPH_COMPILED", "1")
@@ -126,7 +126,7 @@ def _background_worker(monkeypatch) -> EagleDraftWorker:
 def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch):
     """The symbolic graph (with its size arithmetic) travels to the compile process, which
     compiles it once; this process loads it and every size replays it, equal to eager."""
-    from draftgraph.runtime.stored_steps import source_counts
+    from draftgraph.runtime.worker.stored_steps import source_counts
 
     _use_store(monkeypatch, tmp_path / "store")
     calls = []

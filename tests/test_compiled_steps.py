@@ -22,10 +22,10 @@ from draftgraph.runtime import (
     PhaseGraphConfig,
     RuntimeArgs,
     SpeculativeConfig,
-    stored_steps,
 )
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
+from draftgraph.runtime.worker import stored_steps
 
 pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C++ compiler for inductor")
 

@@ -28,7 +28,7 @@ from draftgraph.runtime import (
     SpeculativeConfig,
 )
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
-from draftgraph.runtime.worker_base import GraphStep
+from draftgraph.runtime.worker.base import GraphStep
 
 SIZES = (1, 2, 4)
 

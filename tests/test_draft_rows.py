@@ -11,11 +11,11 @@ import torch
 
 from conftest import assert_same
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.draft_input import DraftInput
-from draftgraph.runtime.draft_rows import RowLayout, leaves, map_rows, row_count
-from draftgraph.runtime.eagle_worker import EagleDraftWorker
+from draftgraph.runtime.draft_io import DraftInput
 from draftgraph.runtime.models.hf_eagle import DraftRows, HFEagleHead
 from draftgraph.runtime.models.hf_target import NORMED, HFTarget
+from draftgraph.runtime.worker.draft_rows import RowLayout, leaves, map_rows, row_count
+from draftgraph.runtime.worker.eagle import EagleDraftWorker
 
 V, D, HEADS, A, SLOTS, MAX_LEN = 64, 32, 2, 4, 9, 64
 HD = D // HEADS

@@ -10,13 +10,14 @@ from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
 from draftgraph.graphs import backend_trace, record_spans
 from draftgraph.graphs.compile.inductor import compiler_available
-from draftgraph.runtime import SpeculativeConfig, stored_steps
+from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.engine.limits import MAX_VERIFY_WIDTH
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.greedy import greedy_generate
-from draftgraph.runtime.worker_base import GraphStep
+from draftgraph.runtime.worker import stored_steps
+from draftgraph.runtime.worker.base import GraphStep
 
 PHASES = ("verify", "extend")
 TREE = SpeculativeConfig(3, 2, 6)  # N = 6 tree tokens, S + 1 = 4 accepted rows at most

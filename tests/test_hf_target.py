@@ -276,7 +276,7 @@ def test_a_random_head_is_flagged_as_not_fitting(folders, caplog):
 
     from draftgraph.runtime.engine import AcceptanceWatch
     from draftgraph.runtime.engine.metrics import read_engine
-    from draftgraph.runtime.metrics import Samples
+    from draftgraph.runtime.prometheus import Samples
 
     target, head = load_models(folders["llama4"], folders["eagle3"], "float64", max_len=MAX_LEN)
     args = RuntimeArgs(CHAIN, CudaGraphConfig(PhaseGraphConfig(bs=(4,))), max_running_requests=4)

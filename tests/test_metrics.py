@@ -27,7 +27,7 @@ from draftgraph.runtime import (  # noqa: E402
     RuntimeArgs,
     SpeculativeConfig,
 )
-from draftgraph.runtime.metrics import (  # noqa: E402
+from draftgraph.runtime.prometheus import (  # noqa: E402
     register_coordinator_metrics,
     register_sglang_metrics,
     register_worker_metrics,
@@ -99,7 +99,7 @@ def simulated():
 def phased_worker():
     """A worker whose states hold one host phase ("verify@8": a tiny step over x [rows, 4]),
     captured with trace at sizes 1, 2, 4; one replay at b=2 and one eager step above the largest."""
-    from draftgraph.runtime.worker_base import GraphStep
+    from draftgraph.runtime.worker.base import GraphStep
 
     def provider(spec, rows):
         return {"verify@8": GraphStep(lambda x: x * 2 + 1, {"x": torch.zeros(rows, 4)}, {"x": 0})}
@@ -132,7 +132,7 @@ def test_phase_series_count_a_states_phases():
 def test_a_target_only_state_holds_the_phases_for_spec_none_and_is_labelled_s0():
     """`build_target_state`: no draft graphs, the provider's phases for spec None (a step that
     drafts nothing) at its sizes; active, the worker's series say S = 0 and label it apart."""
-    from draftgraph.runtime.worker_base import GraphStep
+    from draftgraph.runtime.worker.base import GraphStep
 
     asked = []
 
@@ -212,7 +212,7 @@ def test_graph_units_by_source_partition_the_live_units(simulated):
 
 def test_startup_figures_become_series():
     from draftgraph.runtime.engine.metrics import read_startup
-    from draftgraph.runtime.metrics import Samples
+    from draftgraph.runtime.prometheus import Samples
 
     out = Samples()
     # 3 of 5 recorded units checked against compiled code, from one symbolic compile
@@ -370,7 +370,7 @@ def test_engine_and_its_worker_are_one_registration():
 
 # ---- the command ----------------------------------------------------------------------------------
 def _run(*argv):
-    return subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", *argv],
+    return subprocess.run([sys.executable, "-m", "draftgraph.runtime", *argv],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

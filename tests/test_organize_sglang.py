@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from conftest import assert_same, draft_loop, tree_lists
 from draftgraph.runtime import fast_topk, organize_draft_results, select_top_k_tokens
 from draftgraph.runtime.config import max_tree_candidates
-from draftgraph.runtime.organize import organize_chain_steps
 from draftgraph.runtime.testing import TinyDraftModel
+from draftgraph.runtime.topology.organize import organize_chain_steps
 
 MODEL = TinyDraftModel(vocab_size=48, hidden_size=16, seed=3)
 

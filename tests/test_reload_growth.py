@@ -17,8 +17,8 @@ from engine_support import tiny_worker
 from memory_support import slope
 
 from draftgraph.runtime import RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.adaptive import AdaptiveStepController
 from draftgraph.runtime.testing import make_draft_input
+from draftgraph.runtime.worker.adaptive import AdaptiveStepController
 
 
 def _fx_entries() -> int:

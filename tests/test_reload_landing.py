@@ -111,7 +111,7 @@ def test_superseded_requests_are_counted_and_logged(caplog):
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:2]]
     for i in range(100):
         engine.request_reload(_args(SpeculativeConfig(1 + i % 5, 1)))  # the last asks S=5
-    with caplog.at_level(logging.WARNING, logger="draftgraph.runtime.reload"):
+    with caplog.at_level(logging.WARNING, logger="draftgraph.runtime.worker.reload"):
         engine.step()
     r = engine.stats()["reloads"]
     assert (r["requested"], r["applied"], r["failed"], r["superseded"]) == (100, 1, 0, 99)

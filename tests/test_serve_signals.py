@@ -48,7 +48,7 @@ def test_default_backend_answers_equal_draftgraph_generate_and_sighup_reloads_du
         srv.wait_serving()
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         text = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=32).choices[0].text
-        gen = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "generate", "Hello there",
+        gen = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "generate", "Hello there",
                               "--max-new-tokens", "32", "--backend", "eager"], capture_output=True, text=True,
                              timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert gen.returncode == 0, gen.stderr[-2000:]

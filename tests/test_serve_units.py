@@ -146,6 +146,6 @@ def test_a_port_in_use_exits_2_before_the_models_load():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "serve", "--port", str(port)],
+        done = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "serve", "--port", str(port)],
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"--port={port}" in done.stderr and "in use" in done.stderr

@@ -340,11 +340,3 @@ def test_sighup_as_simulate_exits_does_not_kill_it(tmp_path):
     assert p.returncode == 0, f"rc {p.returncode}: {p.stderr[-2000:]}"
     assert "SIGHUP after the serving loop ended: ignored" in p.stderr
     json.loads(p.stdout)  # the report was printed whole
-
-
-def test_console_hold_is_only_for_the_console_script():
-    from draftgraph.runtime import console
-    assert console.is_console_script(["/venv/bin/draftgraph", "simulate"])
-    assert console.is_console_script(["-m", "generate"])
-    assert not console.is_console_script(["/usr/bin/pytest", "simulate"]) and not console.is_console_script(["x"])
-    assert not console.is_console_script([])

@@ -94,7 +94,7 @@ def test_idle_connections_hold_no_threads_and_a_scrape_answers():
 def test_metrics_host_option_warns_when_not_loopback(host, url):
     if ":" in host and not socket.has_ipv6:
         pytest.skip("no IPv6 on this machine")
-    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime.engine.cli", "simulate", "--requests", "1",
+    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "simulate", "--requests", "1",
                         "--no-greedy", "--backend", "eager", "--adaptive", "", "--json",
                         "--metrics-port", "0", "--metrics-host", host],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -13,11 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_same
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.draft_input import DraftInput
-from draftgraph.runtime.eagle_worker import EagleDraftWorker
-from draftgraph.runtime.topology import TopologyBuffers
-from draftgraph.runtime.tree import build_tree
-from draftgraph.runtime.tree_choices import StaticTopology, chain_choices
+from draftgraph.runtime.draft_io import DraftInput
+from draftgraph.runtime.topology.buffers import TopologyBuffers
+from draftgraph.runtime.topology.tree_choices import StaticTopology, chain_choices
+from draftgraph.runtime.topology.verify_tree import build_tree
+from draftgraph.runtime.worker.eagle import EagleDraftWorker
 
 V, H = 64, 16
 CAPACITY = 6

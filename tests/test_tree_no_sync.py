@@ -12,7 +12,7 @@ from draftgraph.graphs import GraphCaptureError
 from draftgraph.graphs.sync_audit import no_host_sync
 from draftgraph.runtime import EagleDraftWorker, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
-from draftgraph.runtime.tree import build_tree
+from draftgraph.runtime.topology.verify_tree import build_tree
 
 CAPACITY = 4
 FIELDS = ("tokens", "positions", "parents", "tree_mask", "retrieve_index", "retrieve_next_token",

@@ -3,7 +3,7 @@ the list of what `validate=True` must reject, and SGLang's own Triton kernel run
 
 `reference_tree` follows the rules of SGLang's ``build_tree_kernel_efficient`` as its CPU version
 (``sgl-kernel/csrc/cpu/spec.cpp``) states them, one request and one node at a time, with no
-tensor code shared with `draftgraph.runtime.tree`:
+tensor code shared with `draftgraph.runtime.topology.verify_tree`:
 
 - retrieval: nodes N-1 .. 1 in turn; a node whose slot (candidate // topk) is 0 is linked under the
   root, else under the first node of its own request holding parent_list[r, slot]; a node whose

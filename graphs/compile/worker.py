@@ -93,7 +93,7 @@ def _compile_in_child(graph: list[tuple[Any, ...]], metas: list[tuple[tuple[int,
 
 _LEN = struct.Struct("<Q")
 # the compile process's nice level. It is spawned from the capture thread, which already runs at
-# nice 10 (`runtime.capture_queue`), and a child inherits that: a further os.nice(10) made it 19,
+# nice 10 (`runtime.worker.capture_queue`), and a child inherits that: a further os.nice(10) made it 19,
 # and on a loaded machine it then got 2 s of CPU in 47 s (no unit finished in 240 s of serving)
 _NICE = 10
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
-from draftgraph.runtime.reload import PreparedReload
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.reload import PreparedReload
 
 from .policy import StepPolicy, build_policy
 from .stats import EngineStats

@@ -568,8 +568,9 @@ def _quiet_cpu_torch_notices() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `draftgraph` console script."""
-    prepare_console(sys.argv[1:] if argv is None else argv)  # the command's set-up (`runtime.console`)
+    """The commands (``draftgraph`` runs `runtime.entry.main`, which sets the process up first and
+    then calls this; a program calling this directly gets the same set-up here, after torch loaded)."""
+    prepare_console(sys.argv[1:] if argv is None else argv)
     ap = _parser()
     ns = ap.parse_args(argv)
     _quiet_cpu_torch_notices()
@@ -597,8 +598,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hup is not None:
             hup.detach()  # kept installed: a SIGHUP from here to exit is logged and ignored
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

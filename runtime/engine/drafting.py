@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
-from draftgraph.runtime.worker_base import GraphStep
+from draftgraph.runtime.worker.base import GraphStep
 
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft

@@ -27,9 +27,9 @@ import torch
 
 from draftgraph.graphs import resolve_backend
 from draftgraph.runtime import RuntimeArgs
-from draftgraph.runtime.capture_queue import MAX_THREADS
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.weights import WeightRefit
+from draftgraph.runtime.worker.capture_queue import MAX_THREADS
+from draftgraph.runtime.worker.weights import WeightRefit
 
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft

@@ -1,7 +1,7 @@
 """Prometheus metrics of a `SpecDecodeEngine`: its counters, its worker's, its coordinator's.
 
 Read at scrape time from the engine's `EngineStats` (no per-step cost); the names are in
-`draftgraph.runtime.metrics.METRICS`. Every counter only rises within a process: the engine's
+`draftgraph.runtime.prometheus.METRICS`. Every counter only rises within a process: the engine's
 are its totals for its life (`SpecDecodeEngine.reset_stats` restarts ``stats()`` only), read in
 one snapshot per scrape; the worker's never go down either. `serve_metrics` serves them on
 127.0.0.1 by default (the CLI's ``--metrics-port`` / ``--metrics-host``) from a bounded server
@@ -19,7 +19,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from ..metrics import MetricsHandle, Samples, read_coordinator, read_worker, register_source
+from draftgraph.runtime.prometheus import MetricsHandle, Samples, read_coordinator, read_worker, register_source
+
 from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
 __all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback", "metrics_url"]

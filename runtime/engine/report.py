@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from draftgraph.runtime.counting import read_consistent
-from draftgraph.runtime.phases import phase_totals
-from draftgraph.runtime.stored_steps import compiled_unit_seconds, source_counts
+from draftgraph.runtime.worker.counting import read_consistent
+from draftgraph.runtime.worker.host_phases import phase_totals
+from draftgraph.runtime.worker.stored_steps import compiled_unit_seconds, source_counts
 
 from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary
@@ -94,7 +94,7 @@ class EngineReport:
         ``states`` (per state: S, k, N, capture and compile seconds, sizes ready / pending /
         failed), ``eager_steps_by_reason``, the queued units run and failed so far, how long the
         pending ones will take (``graphs_eta``: `graphs_eta`), and where the
-        live graphs came from (`runtime.stored_steps.source_counts`: compiled, loaded from the
+        live graphs came from (`runtime.worker.stored_steps.source_counts`: compiled, loaded from the
         compiled-code store, shared)."""
         states = self.boundary.states()
         queue = self.worker.capture_queue

@@ -47,8 +47,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from draftgraph.runtime.worker.reload import RELOAD_POLICIES, ReloadError
+
 from ..config import RuntimeArgs
-from ..reload import RELOAD_POLICIES, ReloadError
 from ..validation import ConfigTypeError, require_positive_int
 from .auth import process_secret, warn_unauthenticated
 from .protocol import ProtocolError, RankProtocol, RankTimeout

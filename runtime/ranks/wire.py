@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from draftgraph.runtime.worker.reload import RELOAD_POLICIES
+
 from ..args_file import runtime_args_from_dict, runtime_args_to_dict
 from ..config import RuntimeArgs
-from ..reload import RELOAD_POLICIES
 
 __all__ = ["ProtocolError", "MAX_ENTRY_BYTES", "encode_proposal", "decode_proposal", "encode_vote",
            "decode_vote", "encode_decision", "decode_decision", "encode_fingerprint", "decode_fingerprint"]

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import span
+from draftgraph.runtime.topology.chain import ChainBuffers, chain_fast_views
+from draftgraph.runtime.worker.state import DraftCounters
 
-from ..chain import ChainBuffers, chain_fast_views
-from ..state import DraftCounters
 from ..validation import require_positive_int
 from .config import published_server_args, sglang_chain_capacity
 

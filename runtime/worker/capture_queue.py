@@ -38,8 +38,7 @@ from typing import Any
 
 from draftgraph.graphs import GraphCaptureError
 from draftgraph.graphs.cancel import cancel_scope
-
-from .state import RuntimeState
+from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["CaptureQueue"]
 
@@ -48,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 class _Entry:
     """One queued manager: its state, the order it was queued in, and its phase (None: the
-    state's draft step; else the name of one of the host's phases, see `runtime.phases`)."""
+    state's draft step; else the name of one of the host's phases, see `runtime.worker.host_phases`)."""
 
     __slots__ = ("manager", "order", "paced", "phase", "state")
 

@@ -3,7 +3,7 @@
 The chain is one static topology: `ChainBuffers(num_steps, capacity, device)` is
 `TopologyBuffers` of the tree ((0,), (0, 0), ..): parents rows -1, 0, .., S-2 (width 0 when
 S == 1) and score_indices rows 0, .., S-1, built like any static tree (see
-`draftgraph.runtime.topology`). One chain-only path remains, on the hot path of organize:
+`draftgraph.runtime.topology.buffers`). One chain-only path remains, on the hot path of organize:
 `chain_fast_views` hands out row views of those constants when they fit the step (built for
 this S, S columns, b within capacity) and None otherwise, when the caller organizes on the tree
 path. `MultiLayerEagleDraftWorker` and the SGLang adapter use it.
@@ -16,10 +16,9 @@ from typing import Any, Protocol
 import torch
 
 from draftgraph.graphs import span, spans_active
-
-from .topology import TopologyBufferCache, TopologyBuffers, TopologyKey
-from .tree_choices import StaticTopology
-from .validation import require_positive_int
+from draftgraph.runtime.topology.buffers import TopologyBufferCache, TopologyBuffers, TopologyKey
+from draftgraph.runtime.topology.tree_choices import StaticTopology
+from draftgraph.runtime.validation import require_positive_int
 
 __all__ = ["ChainKey", "ChainBuffers", "ChainBufferCache", "chain_fast_views"]
 

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .topology import VerifyConstants
-from .validation import require_positive_int
+from draftgraph.runtime.topology.buffers import VerifyConstants
+from draftgraph.runtime.validation import require_positive_int
 
 __all__ = ["VerifyTree", "build_tree"]
 

@@ -18,10 +18,9 @@ from typing import Any
 
 from draftgraph.graphs import ReplayCounters
 from draftgraph.graphs.capture_share import CaptureShare
-
-from .config import SpeculativeConfig
-from .phases import PhaseGraphs
-from .topology import TopologyBuffers
+from draftgraph.runtime.config import SpeculativeConfig
+from draftgraph.runtime.topology.buffers import TopologyBuffers
+from draftgraph.runtime.worker.host_phases import PhaseGraphs
 
 __all__ = ["DraftCounters", "EAGER_REASONS", "RuntimeState", "StateStats", "StepCounts"]
 

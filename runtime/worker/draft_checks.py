@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from .draft_rows import named_leaves
-from .settings import draft_checks
+from draftgraph.runtime.settings import draft_checks
+from draftgraph.runtime.worker.draft_rows import named_leaves
 
 __all__ = ["debug_checks_enabled", "check_draft_values"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree_choices import StaticTopology
-from .validation import ConfigTypeError, require_positive_int
+from draftgraph.runtime.topology.tree_choices import StaticTopology
+from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
 
 __all__ = ["TopologyKey", "TopologyBuffers", "TopologyBufferCache", "VerifyConstants", "Selector"]
 

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from draftgraph.graphs import ReplayCounters
-
-from .state import DraftCounters, RuntimeState, StepCounts
+from draftgraph.runtime.worker.state import DraftCounters, RuntimeState, StepCounts
 
 __all__ = ["CounterLedger", "WorkerEvents", "read_consistent"]
 

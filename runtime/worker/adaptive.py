@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftgraph.graphs.spans import span
-
-from .state import RuntimeState
-from .validation import require_positive_int
+from draftgraph.runtime.validation import require_positive_int
+from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["AdaptiveStepController"]
 

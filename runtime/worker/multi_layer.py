@@ -13,14 +13,12 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import span
-
-from .chain import chain_fast_views
-from .config import RuntimeArgs
-from .draft_input import checked_topk
-from .draft_result import DraftResult
-from .organize import organize_chain_steps
-from .state import StepCounts
-from .worker_base import EagleDraftWorkerBase
+from draftgraph.runtime.config import RuntimeArgs
+from draftgraph.runtime.draft_io import DraftResult, checked_topk
+from draftgraph.runtime.topology.chain import chain_fast_views
+from draftgraph.runtime.topology.organize import organize_chain_steps
+from draftgraph.runtime.worker.base import EagleDraftWorkerBase
+from draftgraph.runtime.worker.state import StepCounts
 
 __all__ = ["MultiLayerEagleDraftWorker"]
 

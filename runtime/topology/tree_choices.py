@@ -5,7 +5,7 @@ A static tree is a list of paths of child ranks, as EAGLE-1, Medusa, vLLM
 ``((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))``. Nodes are ordered by (depth, path); node j
 (0-based, the root excluded) sits at column j of the static layout. The chain of S steps is the
 tree ``((0,), (0, 0), .., (0,) * S)``. Everything here depends on the tree only, never on scores,
-so it is computed once; `draftgraph.runtime.topology` turns it into device tensors.
+so it is computed once; `draftgraph.runtime.topology.buffers` turns it into device tensors.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validation import ConfigTypeError
+from draftgraph.runtime.validation import ConfigTypeError
 
 __all__ = ["Choices", "StaticTopology", "DepthPlan", "check_tree_choices", "chain_choices",
            "parse_tree_choices"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import RuntimeArgs, SpeculativeConfig, chain_capacity, max_tree_candidates
+from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity, max_tree_candidates
 
 __all__ = ["StateBytes", "check_state_budget", "check_states_budget", "estimate_state_bytes",
            "largest_capture_size"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .validation import ConfigTypeError
+from draftgraph.runtime.validation import ConfigTypeError
 
 __all__ = ["MAX_ABS_WEIGHT", "StaleWeightsError", "StorageGuard", "WeightRefit", "check_state_dict"]
 

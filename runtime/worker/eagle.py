@@ -10,7 +10,7 @@ validation, state selection, counters and spans (they run on the host per call).
 
 The per-row draft state (``hidden_states``) is one tensor [b, hidden_size] (SGLang's form), or,
 for a model with ``row_template(rows, device)``, that NamedTuple of named tensors (slot and
-position as int64, not float columns): see `runtime.draft_rows`. The graph step then has one
+position as int64, not float columns): see `runtime.worker.draft_rows`. The graph step then has one
 static input per leaf (``hidden_states_<field>``, pad 0).
 
 Input rules (`_check_input`, the same for a graph replay, the eager backend and the eager
@@ -36,20 +36,18 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import Miss, resolve_backend, span
-
-from .config import RuntimeArgs
-from .draft_checks import check_draft_values, debug_checks_enabled
-from .draft_input import unpack_draft_input
-from .draft_result import DraftResult
-from .draft_rows import DraftRowsLike, RowLayout, leaves, map_rows
-from .organize import fast_topk, organize_draft_results, select_top_k_tokens
-from .settings import compile_process
-from .state import RuntimeState
-from .stored_steps import stored_code
-from .topology import Selector, TopologyBuffers
-from .validation import ConfigTypeError
-from .weights import StorageGuard, WeightRefit
-from .worker_base import EagleDraftWorkerBase, GraphStep
+from draftgraph.runtime.config import RuntimeArgs
+from draftgraph.runtime.draft_io import DraftResult, unpack_draft_input
+from draftgraph.runtime.settings import compile_process
+from draftgraph.runtime.topology.buffers import Selector, TopologyBuffers
+from draftgraph.runtime.topology.organize import fast_topk, organize_draft_results, select_top_k_tokens
+from draftgraph.runtime.validation import ConfigTypeError
+from draftgraph.runtime.worker.base import EagleDraftWorkerBase, GraphStep
+from draftgraph.runtime.worker.draft_checks import check_draft_values, debug_checks_enabled
+from draftgraph.runtime.worker.draft_rows import DraftRowsLike, RowLayout, leaves, map_rows
+from draftgraph.runtime.worker.state import RuntimeState
+from draftgraph.runtime.worker.stored_steps import stored_code
+from draftgraph.runtime.worker.weights import StorageGuard, WeightRefit
 
 __all__ = ["EagleDraftWorker"]
 
@@ -62,7 +60,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
     ``rows`` is hidden [M, H] (the model exposes ``hidden_size``; its dtype is taken from
     ``dtype`` or its parameters), or, for a model with ``row_template(rows, device)``, a
-    NamedTuple of tensors of leading dim M like that template (`runtime.draft_rows`).
+    NamedTuple of tensors of leading dim M like that template (`runtime.worker.draft_rows`).
     """
 
     def __init__(self, args: RuntimeArgs, draft_model: Any) -> None:
@@ -115,7 +113,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             return self.weights.apply_pending()
 
     def _stored_code(self, state: RuntimeState, backend: str, background: bool) -> Any:
-        """The compiled-code store for the compile backend (`runtime.stored_steps`), else None;
+        """The compiled-code store for the compile backend (`runtime.worker.stored_steps`), else None;
         ``background`` captures compile in the worker's compile process (off this process's
         interpreter lock) unless ``DRAFTGRAPH_COMPILE_PROCESS=0``."""
         if resolve_backend(backend, self.device) != "compile":

@@ -27,10 +27,9 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import span
-
-from .config import RuntimeArgs
-from .state_slot import StateSlot
-from .validation import ConfigTypeError
+from draftgraph.runtime.config import RuntimeArgs
+from draftgraph.runtime.validation import ConfigTypeError
+from draftgraph.runtime.worker.state_slot import StateSlot
 
 __all__ = ["PreparedReload", "ReloadError", "ReloadLog", "ReloadMixin", "RELOAD_POLICIES"]
 

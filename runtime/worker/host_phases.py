@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from draftgraph.graphs import GraphCaptureManager, Miss, ReplayPlan
-
-from .config import SpeculativeConfig
+from draftgraph.runtime.config import SpeculativeConfig
 
 __all__ = ["PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
 

@@ -1,13 +1,17 @@
-"""The per-batch input of a draft step (duck-typed: an SGLang EagleDraftInput works too)."""
+"""A draft step's input and output: `DraftInput` in (duck-typed: an SGLang EagleDraftInput works
+too), `DraftResult` out (the same for every worker and path)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["DraftInput", "checked_topk", "unpack_draft_input"]
+from draftgraph.runtime.topology.buffers import VerifyConstants
+
+__all__ = ["DraftInput", "DraftResult", "checked_topk", "unpack_draft_input"]
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,7 @@ class DraftInput:
     """Top-k of the last target/draft forward and its hidden states.
 
     EagleDraftWorker: topk_p, topk_index [b, k], hidden_states [b, H] (or the draft model's
-    named rows, a NamedTuple of tensors [b, ...]: `runtime.draft_rows`).
+    named rows, a NamedTuple of tensors [b, ...]: `runtime.worker.draft_rows`).
     MultiLayerEagleDraftWorker (a chain drafted by S layers at once): topk_p, topk_index [b, S].
     """
 
@@ -66,3 +70,38 @@ def _full_check(draft_input: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Siz
     if topk_index.shape[0] == 0:
         raise ValueError("draft_input: batch size 0; a draft step needs at least one request")
     return topk_p, topk_index, topk_index.shape
+
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DraftResult:
+    """An organized draft step, in the order SGLang's organize returns it, and its layout.
+
+    - ``parent_list`` [b, 1 + (S-1)k] (a dynamic tree) or [b, N-1] / [b, S-1] (static
+      layouts; width 0 for depth-1 trees): each candidate's parent slot.
+    - ``top_scores_index`` [b, N-1]: the selected candidates, ascending.
+    - ``draft_tokens`` [b, N-1]: their tokens.
+    - ``layout``: None for the general EAGLE layout (decoded with the spec's topk), else the
+      static topology's `VerifyConstants` (a chain or a static tree): `build_tree(...,
+      layout=result.layout)` then takes the constant route. Set by the worker that drafted it.
+
+    From a graph replay the tensors are views of graph memory, valid until the next step.
+    Iterates over its three tensors, so ``parents, index, tokens = result`` (SGLang's form) and
+    ``result[0]`` keep working; the layout is read by name only.
+    """
+
+    parent_list: torch.Tensor
+    top_scores_index: torch.Tensor
+    draft_tokens: torch.Tensor
+    layout: VerifyConstants | None = None
+    replayed_at: int | None = None
+    eager_reason: str | None = None
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.parent_list, self.top_scores_index, self.draft_tokens))
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return (self.parent_list, self.top_scores_index, self.draft_tokens)[index]

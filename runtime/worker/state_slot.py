@@ -19,10 +19,10 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .config import RuntimeArgs
+from draftgraph.runtime.config import RuntimeArgs
 
 if TYPE_CHECKING:
-    from .state import RuntimeState
+    from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["StateSlot"]
 

@@ -19,19 +19,18 @@ import torch
 from draftgraph.graphs import GraphCaptureError, GraphCaptureManager, capture_batch_sizes, resolve_backend, span
 from draftgraph.graphs.compile.inductor import inductor_cache_dir
 from draftgraph.graphs.compile.pool import CompilePool
-
-from .budget import check_state_budget, check_states_budget, largest_capture_size
-from .capture_queue import CaptureQueue
-from .config import RuntimeArgs, SpeculativeConfig, chain_capacity
-from .counting import CounterLedger
-from .phases import PhaseGraphs, PhaseProvider
-from .reload import ReloadLog, ReloadMixin
-from .settings import compile_process
-from .state import DraftCounters, RuntimeState
-from .state_slot import StateSlot
-from .stored_steps import phase_stored_code
-from .topology import TopologyBufferCache, TopologyBuffers
-from .validation import ConfigTypeError, require_positive_int
+from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity
+from draftgraph.runtime.settings import compile_process
+from draftgraph.runtime.topology.buffers import TopologyBufferCache, TopologyBuffers
+from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
+from draftgraph.runtime.worker.budget import check_state_budget, check_states_budget, largest_capture_size
+from draftgraph.runtime.worker.capture_queue import CaptureQueue
+from draftgraph.runtime.worker.counting import CounterLedger
+from draftgraph.runtime.worker.host_phases import PhaseGraphs, PhaseProvider
+from draftgraph.runtime.worker.reload import ReloadLog, ReloadMixin
+from draftgraph.runtime.worker.state import DraftCounters, RuntimeState
+from draftgraph.runtime.worker.state_slot import StateSlot
+from draftgraph.runtime.worker.stored_steps import phase_stored_code
 
 __all__ = ["EagleDraftWorkerBase", "GraphStep"]
 
@@ -43,7 +42,7 @@ class GraphStep(NamedTuple):
     its named static inputs (allocated at the largest capture size) and their pad values.
     A host's phase may add what its compiled code is stored under: ``structure`` (everything
     the code depends on besides shapes: models, configuration, widths) and ``constants()``
-    (every tensor the step reads besides its inputs, by stable name); see `runtime.stored_steps`."""
+    (every tensor the step reads besides its inputs, by stable name); see `runtime.worker.stored_steps`."""
 
     step: Callable[..., Any]
     static_inputs: dict[str, torch.Tensor]
@@ -206,7 +205,7 @@ class EagleDraftWorkerBase(ReloadMixin):
     def _check_budget(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None, args: RuntimeArgs
                       ) -> None:
         """Refuse a state whose estimated bytes exceed ``args.max_state_bytes`` (see
-        `draftgraph.runtime.budget`), before building anything (the size grid included)."""
+        `draftgraph.runtime.worker.budget`), before building anything (the size grid included)."""
         if not self.captures_graphs:
             rows = 0
         elif capture_bs is None:
@@ -230,7 +229,7 @@ class EagleDraftWorkerBase(ReloadMixin):
     def check_states_budget(self, args: RuntimeArgs, specs: Sequence[SpeculativeConfig]) -> int:
         """Refuse a reload to ``args`` whose states (``specs``: every state it builds, graphs up to
         ``args``' largest capture size) need more than `state_bytes_limit_for` together
-        (`draftgraph.runtime.budget.check_states_budget`): ValueError, nothing allocated.
+        (`draftgraph.runtime.worker.budget.check_states_budget`): ValueError, nothing allocated.
         Returns the estimated bytes."""
         rows = largest_capture_size(args) if self.captures_graphs else 0
         return check_states_budget(args, list(specs), rows, self.state_bytes_limit_for(args),
@@ -287,7 +286,7 @@ class EagleDraftWorkerBase(ReloadMixin):
                                    stored=self._stored_code(state, backend, background), share=state.capture_share)
 
     def set_phase_provider(self, provider: PhaseProvider | None) -> None:
-        """The host's phases (target verify, draft extend; see `runtime.phases`): every state
+        """The host's phases (target verify, draft extend; see `runtime.worker.host_phases`): every state
         captured from now on captures them beside its draft step, with the same backend and
         sizes, and swaps and releases them with it. Set it before `capture_graphs`."""
         if provider is not None and not callable(provider):
@@ -366,7 +365,7 @@ class EagleDraftWorkerBase(ReloadMixin):
 
     def _queue_capture(self, state: RuntimeState, backend: str) -> RuntimeState:
         """Give ``state`` a manager whose sizes are captured later, one unit at a time (see
-        `runtime.capture_queue`), and the same for the host's phases (queued after the draft
+        `runtime.worker.capture_queue`), and the same for the host's phases (queued after the draft
         step); until a size is ready its steps run eager ("not_ready")."""
         if not state.capture_sizes:
             return state

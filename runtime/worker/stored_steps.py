@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from draftgraph.graphs.compile.entry import StoredCode
-
-from .compile_store import default_compile_store
-from .state import RuntimeState
+from draftgraph.runtime.compile_store import default_compile_store
+from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["code_digest", "compiled_unit_seconds", "phase_stored_code", "source_counts", "stored_code"]
 
@@ -94,7 +93,7 @@ def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = No
 
 
 def phase_stored_code(name: str, structure: str, constants: Any, compiler: Any = None) -> StoredCode | None:
-    """`StoredCode` for a host's phase ``name`` (see `runtime.phases`): its ``structure`` (the
+    """`StoredCode` for a host's phase ``name`` (see `runtime.worker.host_phases`): its ``structure`` (the
     host's description of what the code depends on) with the phase name and draftgraph's source
     digest, and its constant table ``constants()`` (None when the store is off); ``compiler``: a
     `CompileWorker` to compile in."""
