@@ -16,8 +16,8 @@ before. `read_settings` reads them all at once for a report (``draftgraph info``
 | graphs/' variables | see `draftgraph.graphs.settings` | ``_DEBUG``, ``_DEBUG_EVERY``, ``_NVTX``, |
 | | | ``_TRACE_REPLAY``, ``_COMPILE_SYMBOLIC``, ``_CACHE`` |
 
-Not yet here: runtime/models/ reads ``DRAFTGRAPH_CACHE`` itself (`models.defaults.model_cache_dir`);
-it moves here with the rewrite of runtime/models/.
+``DRAFTGRAPH_CACHE`` is read in one place, `draftgraph.graphs.settings.cache_root`, which the
+models' cache (`models.defaults.model_cache_dir`) and the compiled-code store both call.
 """
 
 from __future__ import annotations
