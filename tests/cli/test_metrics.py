@@ -35,7 +35,7 @@ from draftgraph.runtime.prometheus import (  # noqa: E402
 from draftgraph.runtime.ranks.coordinator import CoordinatorStats  # noqa: E402
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = TinyDraftModel(vocab_size=64, hidden_size=32, seed=0)
 _ROW = re.compile(r"^\|\s*`(draftgraph_[a-z0-9_]+)`\s*\|\s*(counter|gauge)\s*\|")
 

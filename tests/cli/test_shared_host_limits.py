@@ -21,7 +21,7 @@ from engine_support import engine_args
 
 from draftgraph.runtime import SpeculativeConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HUGE_POOL = 2_563_709  # max_running_requests of the reload file (8-slot engine)
 
 

@@ -12,7 +12,7 @@ from engine_support import models, prompts
 
 from draftgraph.runtime.models import greedy_generate
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _module():

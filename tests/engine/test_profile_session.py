@@ -14,7 +14,7 @@ import torch
 from draftgraph.graphs import span
 from draftgraph.runtime.engine.profiling import profile_run, profiled
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "profile_session.py"
+_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "profile_session.py"
 
 
 def test_profile_run_writes_a_trace_with_the_spans(tmp_path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # the slow tier (make test-all, CI): the soak, 2,000 requests
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _bench(monkeypatch):

@@ -90,7 +90,7 @@ def test_compile_equals_fx_replay_outputs_and_writes(pair, b, seed):
 
 
 def _manager_with(monkeypatch, compile_fn) -> GraphCaptureManager:
-    """The per-size compile's rules (the symbolic route's own: tests/test_compile_symbolic.py)."""
+    """The per-size compile's rules (the symbolic route's own: tests/graphs/test_compile_symbolic.py)."""
     monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "0")
     monkeypatch.setattr(per_size_module, "inductor_compile", compile_fn)
     step, _ = _counter_step()
@@ -177,7 +177,7 @@ def test_eagle_worker_compiled_equals_eager(k, n):
 _RELOADS = """
 import json, sys
 import psutil  # before the counts: the measurement reads RSS with it
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {support!r})
 from memory_support import assert_no_growth
 from torch._inductor.codecache import PyCodeCache
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
@@ -220,7 +220,7 @@ def test_reloads_with_compile_keep_memory_flat():
     import sys
     from pathlib import Path
 
-    script = _RELOADS.format(tests=str(Path(__file__).resolve().parent))
+    script = _RELOADS.format(support=str(Path(__file__).resolve().parents[1] / "support"))
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])

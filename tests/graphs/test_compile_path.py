@@ -1,6 +1,6 @@
 """The compile backend's path without inductor (the fast tier): a custom ``compile_fn`` runs where
 inductor would, so recording, the bitwise check, the runner record and the fallback are covered
-in seconds; inductor's own compiles are in the slow tier (tests/test_compile_backend.py)."""
+in seconds; inductor's own compiles are in the slow tier (tests/graphs/test_compile_backend.py)."""
 
 from __future__ import annotations
 

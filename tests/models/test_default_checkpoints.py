@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 from engine_support import MAX_NEW, build_engine, prompts, reference
-from test_model_cache import TINY, cache  # noqa: F401  # the tiny plan and its empty cache folder
+from test_model_cache import TINY  # the tiny plan (its empty cache folder: the `cache` fixture)
 
 from draftgraph.runtime.models import defaults
 
@@ -60,7 +60,7 @@ def test_the_default_head_is_in_the_published_eagle3_layout():
     assert int(tensors["t2d"].sum()) == 128 and bool(tensors["t2d"][ids].all())
 
 
-@pytest.mark.usefixtures("cache")  # an empty DRAFTGRAPH_CACHE (test_model_cache's fixture)
+@pytest.mark.usefixtures("cache")  # an empty DRAFTGRAPH_CACHE (models/conftest.py)
 def test_a_damaged_checkpoint_folder_is_written_again(caplog):
     defaults.default_models(plan=TINY)
     target_dir, _ = defaults.default_checkpoints(plan=TINY)

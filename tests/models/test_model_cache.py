@@ -16,14 +16,6 @@ TINY = TrainPlan(target_steps=1, target_batch=1, target_seq=16, distill_prompts=
                  distill_new=2, eagle_steps=1, multi_layer_steps=1, draft_batch=1)
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("DRAFTGRAPH_CACHE", str(tmp_path))
-    defaults._weights.cache_clear()
-    yield tmp_path
-    defaults._weights.cache_clear()
-
-
 def _one_file(folder: Path) -> Path:
     (path,) = folder.glob("models-*.pt")
     return path

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("trained_models")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {"generate", "generate static", "generate f32", "assisted", "prompt lookup", "draftgraph eager",
            "draftgraph graphs"}
 

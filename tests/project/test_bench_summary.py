@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCHES = {"bench_engine": "engine", "bench_organize": "organize", "bench_graphs": "graphs",
            "bench_replay": "replay", "bench_reload": "reload", "bench_topology": "topology",
            "bench_ranks": "ranks", "bench_soak": "soak", "bench_compile": "compile", "bench_refit": "refit",

@@ -1,4 +1,4 @@
-"""The growth helper of the memory tests (tests/memory_support.py) sees a leak and names its site."""
+"""The growth helper of the memory tests (tests/support/memory_support.py) sees a leak and names its site."""
 
 from __future__ import annotations
 

@@ -139,10 +139,10 @@ def test_one_route_from_sglang_to_runtime_args():
 def test_each_runtime_module_imports_alone():
     """Each module of draftgraph.runtime and draftgraph.graphs (subpackages included) imported
     first, in an interpreter holding no draftgraph module (an import order a circle would break;
-    the circle itself: tests/test_structure.py)."""
+    the circle itself: tests/project/test_structure.py)."""
     from structure_support import modules
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     names = [*modules(root / "runtime", "draftgraph.runtime"), *modules(root / "graphs", "draftgraph.graphs")]
     code = (
         "import importlib, json, sys, traceback\n"
@@ -239,7 +239,7 @@ def test_lint_is_clean_and_no_module_reads_another_ones_privates():
     of torch's or SGLang's own privates carry a noqa with the reason)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if subprocess.run([sys.executable, "-m", "ruff", "--version"], capture_output=True).returncode != 0:
         pytest.skip("ruff is not installed (pip install -r requirements.txt)")
     for argv in (["check", "runtime", "graphs", "tests", "scripts"],
@@ -256,7 +256,7 @@ def test_ci_runs_every_tier_and_fails_when_no_test_ran(tmp_path, make_rc, ci_rc)
     exit 5 (nothing collected) becomes a failure, other exit codes pass through."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     seen = tmp_path / "argv"
     fake = tmp_path / "make"
     fake.write_text(f'#!/bin/sh\necho "$@" > {seen}\nexit {make_rc}\n')

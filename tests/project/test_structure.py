@@ -1,7 +1,7 @@
 """The house's structure, checked over the whole package (graphs/ and runtime/; scripts/ for privates).
 
 Each check first runs on a planted violation in a temporary tree (a check that cannot fail
-proves nothing), then on draftgraph. The checks themselves are in tests/structure_support.py;
+proves nothing), then on draftgraph. The checks themselves are in tests/support/structure_support.py;
 how imports count is written there (every import, module level or inside a function).
 """
 
@@ -20,7 +20,7 @@ from structure_support import (
 )
 from structure_support import imports_of_test_code as imports_from_tests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"graphs": "draftgraph.graphs", "runtime": "draftgraph.runtime"}
 
 
@@ -183,7 +183,21 @@ def test_every_module_is_seen(folder):
 
 # ---- scripts and tests -------------------------------------------------------------------------
 def _test_module_names() -> set[str]:
-    return {p.stem for p in (ROOT / "tests").glob("*.py")}
+    return {p.stem for p in (ROOT / "tests").rglob("*.py")}
+
+
+def test_tests_sit_in_wing_folders_under_unique_names():
+    """tests/ holds conftest.py and folders: the tests by wing, their support modules in support/
+    (on sys.path through tests/conftest.py). With no __init__.py, pytest imports each test file
+    by its basename, so two files of one name in two folders would collide."""
+    tests = ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == ["conftest.py"]
+    files = [p for p in tests.rglob("*.py") if "support" not in p.relative_to(tests).parts]
+    assert {p.name for p in files if not p.name.startswith("test_")} == {"conftest.py"}  # helpers: support/
+    assert not list(tests.rglob("__init__.py"))
+    stems = sorted(p.stem for p in files if p.name != "conftest.py")
+    assert len(stems) == len(set(stems)), sorted({s for s in stems if stems.count(s) > 1})
+    assert not list((tests / "support").glob("test_*.py"))  # support/ holds no test
 
 
 def test_the_scripts_check_sees_an_import_of_test_code(tmp_path):

@@ -11,9 +11,9 @@ import types
 
 import pytest
 import torch
+from draft_support import assert_same
 from sglang_support import import_sglang, published, resolved_server_args, write_tiny_model
 
-from conftest import assert_same
 from draftgraph.graphs import record_spans
 from draftgraph.runtime.sglang.adapter import install_chain_buffers
 

@@ -1,4 +1,4 @@
-"""The structure checks of tests/test_structure.py as functions over any package tree.
+"""The structure checks of tests/project/test_structure.py as functions over any package tree.
 
 Each check takes a package root (a folder holding ``__init__.py``) and its dotted name, so a test
 can run it on draftgraph and, first, on a planted violation in a temporary tree (a check that
@@ -229,6 +229,6 @@ def imported_modules(path: Path) -> set[str]:
 
 def imports_of_test_code(path: Path, test_modules: set[str]) -> set[str]:
     """What ``path`` imports from the test suite: ``tests`` and its modules, or a module of
-    ``test_modules`` (tests/ on sys.path makes ``engine_support`` importable by its bare name)."""
+    ``test_modules`` (tests/support/ on sys.path makes ``engine_support`` importable by its bare name)."""
     return {m for m in imported_modules(path)
             if m == "tests" or m.startswith("tests.") or m.split(".")[0] in test_modules}

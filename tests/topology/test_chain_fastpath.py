@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import assert_same
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same
 from draftgraph.runtime import (
     CudaGraphConfig,
     DraftInput,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from draft_support import assert_same, draft_loop, tree_lists
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same, draft_loop, tree_lists
 from draftgraph.runtime import fast_topk, organize_draft_results, select_top_k_tokens
 from draftgraph.runtime.config import max_tree_candidates
 from draftgraph.runtime.testing import TinyDraftModel

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import assert_same
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from memory_support import assert_no_growth
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import assert_same
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftInput
 from draftgraph.runtime.topology.buffers import TopologyBuffers

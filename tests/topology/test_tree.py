@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import draft_loop, tree_lists
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import draft_loop, tree_lists
 from draftgraph.runtime import build_tree as build
 from draftgraph.runtime import fast_topk, organize_draft_results, select_top_k_tokens
 from draftgraph.runtime.config import max_tree_candidates

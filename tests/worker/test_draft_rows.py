@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import assert_same
 
-from conftest import assert_same
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftInput
 from draftgraph.runtime.models.hf_eagle import DraftRows, HFEagleHead

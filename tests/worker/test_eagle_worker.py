@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from draft_support import assert_same, draft_loop, tree_lists
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same, draft_loop, tree_lists
 from draftgraph.runtime import (
     CudaGraphConfig,
     DraftInput,

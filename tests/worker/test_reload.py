@@ -9,9 +9,9 @@ import threading
 
 import pytest
 import torch
+from draft_support import assert_same
 from memory_support import assert_no_growth
 
-from conftest import assert_same
 from draftgraph.graphs import record_spans
 from draftgraph.runtime import (
     CudaGraphConfig,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import assert_same
 
-from conftest import assert_same
 from draftgraph.runtime import (
     AdaptiveStepController,
     CudaGraphConfig,

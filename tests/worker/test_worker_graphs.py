@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_support import assert_same
 from engine_support import tiny_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same
 from draftgraph.graphs import GraphCaptureManager, record_spans
 from draftgraph.runtime import EagleDraftWorker, SpeculativeConfig
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
