@@ -70,6 +70,7 @@ def test_generate_prints_text_and_speedup():
     assert "-- draft: EAGLE-3 head (published layout) from " in p.stdout
 
 
+@pytest.mark.slow  # the slow tier: rank processes (~11 s)
 def test_simulate_two_ranks_same_generation_every_step(tmp_path):
     cfg = tmp_path / "r.json"
     cfg.write_text('{"speculative": {"num_steps": 2, "topk": 1}, "max_running_requests": 8}')

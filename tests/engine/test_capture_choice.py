@@ -141,8 +141,12 @@ _EXITING = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("backend", "after_s", "store"), [("trace", 0.0, "1"), ("compile", 0.5, "1"),
-                                                      ("compile", 3.0, "1"), ("compile", 2.0, "0")])
+_INDUCTOR = pytest.mark.slow  # the slow tier: inductor compiles in the child (6-22 s each); trace stays fast
+
+
+@pytest.mark.parametrize(("backend", "after_s", "store"), [
+    ("trace", 0.0, "1"), pytest.param("compile", 0.5, "1", marks=_INDUCTOR),
+    pytest.param("compile", 3.0, "1", marks=_INDUCTOR), pytest.param("compile", 2.0, "0", marks=_INDUCTOR)])
 def test_a_process_ending_with_units_pending_exits_within_seconds_and_quietly(tmp_path, backend, after_s, store):
     """With the store (compiles in the compile process) and without it (compiles here)."""
     if backend == "compile":

@@ -136,6 +136,7 @@ def test_one_route_from_sglang_to_runtime_args():
     assert isinstance(runtime_args_from_sglang(src), RuntimeArgs)
 
 
+@pytest.mark.slow  # the slow tier: one fresh interpreter importing every module alone (~19 s)
 def test_each_runtime_module_imports_alone():
     """Each module of draftgraph.runtime and draftgraph.graphs (subpackages included) imported
     first, in an interpreter holding no draftgraph module (an import order a circle would break;

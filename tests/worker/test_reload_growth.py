@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import linecache
 
+import pytest
 import torch.fx as fx
 from engine_support import tiny_worker
 from memory_support import slope
@@ -44,6 +45,7 @@ def test_the_state_a_controller_switched_away_from_is_released_at_the_next_reloa
     assert built[0].graphs is None  # released with its graphs, not left to the collector
 
 
+@pytest.mark.slow  # the slow tier: a memory test (200 reloads and their slopes, ~23 s)
 def test_fx_sources_stay_flat_over_200_reloads_on_the_trace_backend():
     worker = tiny_worker(SpeculativeConfig(3, 1), bs=(1,))
     controller = AdaptiveStepController(worker, [1, 2], capture_bs=(1,), backend="trace")
