@@ -11,7 +11,7 @@ on the device (gpt-fast's full-length mask is the single tier ``max_len``). So a
 once per tier it reaches, never per length. The loop reads the new tokens on the host once per
 token (``tolist``), as `greedy_generate` does.
 
-Outputs equal `greedy_generate`'s (tests/test_greedy_compiled.py): the target runs in float64,
+Outputs equal `greedy_generate`'s (tests/engine/test_greedy_compiled.py): the target runs in float64,
 and the masked positions add exact zeros to the softmax.
 """
 

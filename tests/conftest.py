@@ -1,11 +1,18 @@
 """Shared fixtures: engines and workers closed after their test, the default models trained
-once, the NVTX switch, the ``python -O`` harness, the SGLang reference (differential oracle),
-and small comparison helpers. The builders themselves are in engine_support.py.
+once, the NVTX switch, the ``python -O`` harness, the SGLang reference (differential oracle).
+
+The tests live in folders by wing (graphs/, topology/, worker/, engine/, models/, serve/, ranks/,
+sglang_adapter/, cli/, project/); a fixture only one wing uses is in that folder's conftest.py.
+Their support modules (builders in engine_support.py, helpers in draft_support.py, ...) live in
+tests/support/, which this file puts on sys.path: every test imports them by bare name
+(``from engine_support import models``) from any folder. Test files' basenames are unique across
+folders (no __init__.py: pytest's default import mode imports each by its basename).
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -18,12 +25,16 @@ from typing import Any
 # SGLang wraps select_top_k_tokens' later steps in torch.compile; eagerly it is bitwise the same
 # (see shared/sglang-oracle.md) and skips a multi-second CPU compile per shape.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-# The compiled-code store is off unless a test turns it on (tests/test_compile_store*.py): a
+# The compiled-code store is off unless a test turns it on (tests/graphs/test_compile_store.py): a
 # test that counts compiles must not load what an earlier test stored.
 os.environ.setdefault("DRAFTGRAPH_COMPILED", "0")
 
+# The support modules, importable by bare name from every test folder (and by this file).
+SUPPORT = pathlib.Path(__file__).resolve().parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -98,8 +109,8 @@ except AssertionError:
 """
 
 _RULES_SCRIPT = """\
-import importlib, sys
-sys.path.insert(0, sys.argv[1])
+import importlib, os, sys
+sys.path[:0] = sys.argv[1].split(os.pathsep)
 module = importlib.import_module(sys.argv[2])
 checked = 0
 for pair in sys.argv[3:]:
@@ -127,25 +138,28 @@ def run_python_O(code: str, *argv: str, timeout: float = 120.0) -> subprocess.Co
 
 
 class PythonO:
-    """The ``python -O`` harness: `run` any code; `rules` re-checks tables of validation cases."""
+    """The ``python -O`` harness: `run` any code; `rules` re-checks tables of validation cases
+    (the test module is found in ``folder``, the asking test's own)."""
 
     run = staticmethod(run_python_O)
 
-    @staticmethod
-    def rules(module: str, tables: dict[str, str]) -> int:
+    def __init__(self, folder: pathlib.Path) -> None:
+        self.folder = folder
+
+    def rules(self, module: str, tables: dict[str, str]) -> int:
         """Under ``python -O``, every ``(kwargs, exception, message fragment)`` case of the test
         module's tables (``{"package.module.Maker": "CASES"}``) raises that exception with that
         fragment; returns how many cases were checked (or fails naming the case)."""
-        here = os.path.dirname(os.path.abspath(__file__))
-        proc = run_python_O(_RULES_SCRIPT, here, module, *(f"{k}:{v}" for k, v in tables.items()))
+        where = os.pathsep.join((str(self.folder), str(SUPPORT)))
+        proc = run_python_O(_RULES_SCRIPT, where, module, *(f"{k}:{v}" for k, v in tables.items()))
         assert proc.returncode == 0, proc.stderr or proc.stdout
         return int(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
-def python_O() -> PythonO:
+def python_O(request: pytest.FixtureRequest) -> PythonO:
     """Run code or validation tables with asserts stripped: rules must hold without ``assert``."""
-    return PythonO()
+    return PythonO(request.path.parent)
 
 
 @pytest.fixture(scope="session")
@@ -167,37 +181,3 @@ def sglang_ref() -> types.SimpleNamespace:
         select_top_k_tokens=spec_utils.select_top_k_tokens,
         organize_draft_results=eagle_utils.organize_draft_results,
     )
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
-    """Bitwise equality with dtype and shape."""
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-    assert torch.equal(a, b), f"{what}: values differ"
-
-
-def draft_loop(select, model, topk_p, topk_index, hidden, num_steps, topk, probs_hook=None):
-    """The EAGLE draft loop written out for tests: per step ``select`` then a model forward.
-
-    Returns one (input_ids, hidden, scores, tree_info) record per step; ``probs_hook`` may
-    transform the probabilities (e.g. coarsen them to force ties).
-    """
-    from draftgraph.runtime import fast_topk
-
-    scores, steps = None, []
-    for i in range(num_steps):
-        ids, hidden, scores, info = select(i, topk_p, topk_index, hidden, scores, topk)
-        steps.append((ids, hidden, scores, info))
-        if i == num_steps - 1:
-            break
-        logits, hidden = model(ids, hidden)
-        probs = torch.softmax(logits, -1)
-        if probs_hook is not None:
-            probs = probs_hook(probs)
-        topk_p, topk_index = fast_topk(probs, topk, -1)
-    return steps
-
-
-def tree_lists(steps):
-    """(score_list, token_list, parents_list) of a draft_loop result, for organize."""
-    return tuple([step[3][j] for step in steps] for j in range(3))
