@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
-from draftgraph.runtime.worker.base import GraphStep
+from draftgraph.runtime.worker.host_phases import GraphStep
 
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
@@ -150,7 +150,7 @@ class MultiLayerDrafter:
         self.draft_model = draft
         self.check_args(args)
         self.worker = MultiLayerEagleDraftWorker(args)
-        self.worker.add_args_check(self.check_args)  # every reload path, not construction only
+        self.worker.reloads.add_check(self.check_args)  # every reload path, not construction only
 
     @property
     def feature_dim(self) -> int:

@@ -37,10 +37,10 @@ class EngineLimits:
 
     def install(self) -> None:
         """Every later reload of the worker is checked here too."""
-        self.worker.add_args_check(self.check_spec)
+        self.worker.reloads.add_check(self.check_spec)
         if self.installs_schedule:
-            self.worker.add_args_check(self.check_schedule)
-        self.worker.add_args_check(self.check_memory)
+            self.worker.reloads.add_check(self.check_schedule)
+        self.worker.reloads.add_check(self.check_memory)
 
     def check_spec(self, args: RuntimeArgs) -> None:
         spec = args.speculative
@@ -60,5 +60,5 @@ class EngineLimits:
     def check_memory(self, args: RuntimeArgs) -> None:
         """Every state a reload to ``args`` builds (its own, the adaptive or band candidates),
         summed, within the operator's memory limit: ValueError before any is built."""
-        self.worker.check_states_budget(args, reload_state_specs(
+        self.worker.budget.check_states(args, reload_state_specs(
             args.speculative, self.adaptive_steps, args.schedule or self.current_schedule()))

@@ -109,7 +109,7 @@ class BandScheduler:
         self.targets: list[Any] = []  # per band: its plain target step's state (S=0 bands with sizes)
         self.sizes: list[list[int]] = []
         for band in self.bands:
-            sizes = band_state_sizes(grid, band, backend is not None, worker.phase_provider is not None)
+            sizes = band_state_sizes(grid, band, backend is not None, worker.capture.phase_provider is not None)
             if band.off:  # graphs only for the host's width-1 phases
                 self.sizes.append(sizes)
                 self.controllers.append(None)

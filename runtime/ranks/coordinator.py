@@ -107,7 +107,8 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     out["spec"] = repr(state.spec)
     out["capture_sizes"] = repr(tuple(state.capture_sizes))
     out["backend"] = state.graphs.backend_name if state.graphs is not None else "none"
-    rows = getattr(worker, "row_layout", None)  # the draft state's row layout (hidden size, or named leaves)
+    drafting = getattr(worker, "drafting", None)  # an EAGLE worker: its draft model's row layout
+    rows = getattr(drafting, "row_layout", None)  # the draft state's row layout (hidden size, or named leaves)
     out["rows"] = rows.describe() if rows is not None else "none"
     out["generation"] = str(state.generation)
     return out
@@ -401,7 +402,7 @@ class RankCoordinator:
         proposer, args, policy, prepared, error = -1, None, "swap", None, None
         try:
             proposer, args, policy = self._proto.read_reload(n)
-            prepared = self.worker.prepare_reload(args, policy)
+            prepared = self.worker.reloads.prepare(args, policy)
         except Exception as exc:  # any failure is a "no" vote: the others must not wait for it
             error = f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, (ReloadError, TypeError, ValueError, RankTimeout)):
@@ -421,7 +422,7 @@ class RankCoordinator:
             self._fault(reason)
         spec = getattr(args, "speculative", None)
         if reason is None and prepared is not None:
-            self.worker.commit_reload(prepared)
+            self.worker.reloads.commit(prepared)
             self.stats.reloads += 1
             # an adaptive choice names a state of the old args (a schedule's band and S): every
             # rank serves the new args' initial choice until the leader's next word
@@ -431,7 +432,7 @@ class RankCoordinator:
         else:
             reason = reason or f"rank {self.rank} has no prepared state for reload {n}"
             if prepared is not None:
-                self.worker.discard_reload(prepared, reason)
+                self.worker.reloads.discard(prepared, reason)
             self.stats.aborted += 1
             self.last_error = f"reload {n} (proposed by rank {proposer}, {spec}) aborted: {reason}"
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
