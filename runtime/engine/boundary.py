@@ -19,6 +19,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.reload import PreparedReload
 
 from .policy import StepPolicy, build_policy
@@ -38,7 +39,7 @@ class StepBoundary:
     ``policy`` the step policy for it; ``on_weights`` is called after an applied weights update
     (the drafter resets its carried state)."""
 
-    def __init__(self, worker: Any, weights: Any, stats: EngineStats, args: RuntimeArgs,
+    def __init__(self, worker: DraftWorker, weights: Any, stats: EngineStats, args: RuntimeArgs,
                  schedule: SpeculationSchedule | None, adaptive_steps: tuple[int, ...], backend: str,
                  background: bool, on_weights: Callable[[], None]) -> None:
         self.worker = worker

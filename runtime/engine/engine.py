@@ -29,6 +29,7 @@ from draftgraph.graphs import resolve_backend
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker.capture_queue import MAX_THREADS
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.weights import WeightRefit
 
 from ..models.hf_eagle import HFEagleHead
@@ -121,7 +122,7 @@ class SpecDecodeEngine:
             raise ValueError(f"adaptive_steps={list(adaptive_steps)} and schedule={schedule.text()!r}: give "
                              f"the candidates per band in the schedule (\"1:3|4|5\") instead")
         adaptive = tuple(adaptive_steps) if adaptive_steps else ()
-        self.worker = self.drafter.worker
+        self.worker: DraftWorker = self.drafter.worker
         limits = EngineLimits(self.worker, getattr(getattr(self.drafter, "draft_model", None), "max_steps", None),
                               schedule, adaptive)
         limits.check_spec(args)

@@ -8,10 +8,10 @@ field, the value and the rule, and nothing is left pending.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 
 from .drafting import KEEP_TOPK
 from .scheduling import check_schedule, reload_state_specs
@@ -27,7 +27,7 @@ class EngineLimits:
     none; ``current_schedule`` later, once the engine follows reloads), ``adaptive_steps`` its
     adaptive candidates (for the memory budget)."""
 
-    def __init__(self, worker: Any, max_steps: int | None, schedule: SpeculationSchedule | None,
+    def __init__(self, worker: DraftWorker, max_steps: int | None, schedule: SpeculationSchedule | None,
                  adaptive_steps: tuple[int, ...]) -> None:
         self.worker = worker
         self.max_steps = max_steps

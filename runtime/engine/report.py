@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.counting import read_consistent
 from draftgraph.runtime.worker.host_phases import phase_totals
 from draftgraph.runtime.worker.stored_steps import compiled_unit_seconds, source_counts
@@ -30,7 +31,7 @@ class EngineReport:
         self.t0 = t0
         self.counts = stats
         self.boundary = boundary
-        self.worker = boundary.worker
+        self.worker: DraftWorker = boundary.worker
         self.acceptance = acceptance
         self.backend = backend
         self.capture = capture

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.reload import RELOAD_POLICIES, ReloadError
 
 from ..config import RuntimeArgs
@@ -95,7 +96,7 @@ class CoordinatorStats:
         return asdict(self)
 
 
-def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
+def startup_fingerprint(worker: DraftWorker, poll_every: int) -> dict[str, str]:
     """What must be equal on every rank: worker type, args (device index aside), active spec,
     capture sizes, graph backend, row layout (hidden size), generation and the poll period."""
     args = worker.args
@@ -114,7 +115,7 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     return out
 
 
-def state_fingerprint(worker: Any) -> int:
+def state_fingerprint(worker: DraftWorker) -> int:
     """A 31-bit fingerprint of what ``worker`` serves now: generation, S, k, N and tree."""
     state = worker.state
     spec = state.spec
@@ -148,14 +149,15 @@ class RankCoordinator:
     every rank, a rank that does not arrive raises RankTimeout naming it.
     """
 
-    def __init__(self, worker: Any, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
+    def __init__(self, worker: DraftWorker, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
                  *, store: Any = None, name: str = "draft", secret: bytes | None = None) -> None:
         self.poll_every = require_positive_int("poll_every", poll_every)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be a number > 0 (seconds)")
-        for method in ("prepare_reload", "commit_reload", "discard_reload"):
-            if not callable(getattr(worker, method, None)):
-                raise ConfigTypeError(f"worker={type(worker).__name__}: needs {method} (a draft worker)")
+        reloads = getattr(worker, "reloads", None)
+        for method in ("prepare", "commit", "discard"):
+            if not callable(getattr(reloads, method, None)):
+                raise ConfigTypeError(f"worker={type(worker).__name__}: needs reloads.{method} (a draft worker)")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
                                "(draftgraph.runtime.spawn_ranks does it for CPU processes)")
