@@ -154,9 +154,8 @@ class RankCoordinator:
         self.poll_every = require_positive_int("poll_every", poll_every)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be a number > 0 (seconds)")
-        reloads = getattr(worker, "reloads", None)
         for method in ("prepare", "commit", "discard"):
-            if not callable(getattr(reloads, method, None)):
+            if not callable(getattr(getattr(worker, "reloads", None), method, None)):
                 raise ConfigTypeError(f"worker={type(worker).__name__}: needs reloads.{method} (a draft worker)")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
