@@ -372,7 +372,7 @@ class SpecDecodeEngine:
         return {**self.report.startup(), "capture_choice": self.capture_choice.as_dict()}
 
     def close(self, timeout_s: float | None = 60.0) -> bool:
-        """Stop background capture (`EagleDraftWorkerBase.stop_capture`: pending units
+        """Stop background capture (`StateCapture.stop`: pending units
         cancelled, a unit in progress waited for up to ``timeout_s``); the engine keeps serving,
         eager where graphs are missing. False (and a warning) when a unit still runs."""
         return self.worker.capture.stop(timeout_s)
