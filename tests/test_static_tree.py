@@ -361,7 +361,7 @@ def test_build_tree_refuses_a_layout_of_another_tree():
     spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
     w = worker_for(spec)
     result = w.draft_forward(draft_input(2, 4, seed=0))
-    chain5 = worker_for(SpeculativeConfig(5, 1)).topology_buffers.layout  # 5 nodes
+    chain5 = worker_for(SpeculativeConfig(5, 1)).state.topology_buffers.layout  # 5 nodes
     args = (torch.tensor([1, 2]), *result, torch.tensor([5, 6]), 1, 2, spec.num_draft_tokens)
     with pytest.raises(ValueError, match=r"layout has 5 nodes: top_scores_index has 3 columns"):
         build_tree(*args, layout=chain5)
