@@ -22,7 +22,8 @@ from draftgraph.runtime.worker.eagle import EagleDraftWorker
 from draftgraph.runtime.worker.multi_layer import MultiLayerEagleDraftWorker
 
 ROOT = Path(__file__).resolve().parents[1]
-HOSTS = sorted((ROOT / "runtime" / "engine").glob("*.py")) + [ROOT / "runtime" / "ranks" / "coordinator.py"]
+HOSTS = sorted((ROOT / "runtime" / "engine").glob("*.py")) + [ROOT / "runtime" / "ranks" / "coordinator.py",
+                                                         ROOT / "runtime" / "prometheus.py"]
 WORKER_NAMES = {"worker"}  # a name, or an attribute of that name (self.worker, engine.worker, ...)
 # read with getattr and a default, outside the contract on purpose (name: why)
 OPTIONAL = {"drafting": "the rank coordinator's fingerprint names an EAGLE worker's row layout (None for others)"}

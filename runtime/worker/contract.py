@@ -2,9 +2,10 @@
 
 The engine and the coordinator type their worker against this `Protocol`, never against a
 concrete class, and use nothing of it that is not named here (tests/test_worker_contract.py
-walks runtime/engine/ and runtime/ranks/ for it). Reloads and graph capture are collaborators
-the worker holds (``reloads``, ``capture``), each with its own small interface, so the worker's
-own surface stays small. `EagleDraftWorker` and `MultiLayerEagleDraftWorker` both satisfy it.
+walks runtime/engine/, the rank coordinator and runtime/prometheus.py for it). Reloads and
+graph capture are collaborators the worker holds (``reloads``, ``capture``), each with its own
+small interface, so the worker's own surface stays small. `EagleDraftWorker` and
+`MultiLayerEagleDraftWorker` both satisfy it.
 """
 
 from __future__ import annotations
