@@ -253,7 +253,7 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_topology_rebuilds", labels, c.rebuilds)
     add("draftgraph_reloads", {**labels, "result": "ok"}, c.reloads)
     add("draftgraph_reloads", {**labels, "result": "failed"}, c.failed_reloads)
-    log = getattr(worker, "reload_log", None)
+    log = getattr(getattr(worker, "reloads", None), "log", None)
     if log is not None:
         add("draftgraph_reloads", {**labels, "result": "superseded"}, log.superseded)
         add("draftgraph_reload_requests", labels, log.requested)

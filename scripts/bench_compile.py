@@ -50,8 +50,8 @@ def _step_timings(workers: dict[str, Any], sizes: tuple[int, ...], rounds: int, 
             fns["compiled"] = workers["compile"].state.graphs.captured_graph(b).replay
         views = fx.inputs
         state = eager_worker.state
-        rows = eager_worker.row_layout.assemble(list(views[2:]))  # the head's rows from their static fields
-        fns["eager"] = lambda v=views, s=state, r=rows: eager_worker.draft_step(s, v[0], v[1], r, count=False)
+        rows = eager_worker.drafting.row_layout.assemble(list(views[2:]))  # the head's rows from their static fields
+        fns["eager"] = lambda v=views, s=state, r=rows: eager_worker.drafting.step(s, v[0], v[1], r, count=False)
         with torch.no_grad():
             samples = time_interleaved(fns, repeats=rounds, inner=inner, gc_off=True)
         out.append({"b": b, "samples": samples})
@@ -110,7 +110,7 @@ def _startup(backend: str, wait_s: float) -> tuple[dict[str, Any], list[dict[str
     start = time.perf_counter()
     engine = SpecDecodeEngine(args, target_model, head, backend=backend, adaptive_steps=[1, 2, 3, 4, 5])
     first = time.perf_counter() - start
-    engine.worker.wait_graphs(wait_s)
+    engine.worker.capture.wait(wait_s)
     st = engine.startup()
     engine.close()
     units = sum(len(s["sizes_ready"]) + len(s["sizes_pending"]) + len(s["sizes_failed"]) for s in st["states"])

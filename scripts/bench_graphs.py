@@ -46,7 +46,7 @@ def build(kind: str, device: str, backend: str, engine: str | None) -> tuple[Eag
 
 def organize_free_nodes(worker: EagleDraftWorker) -> dict[int, int | None]:
     """Node counts of the same chain step with the organize stage left out."""
-    step, static, pads = worker._graph_step(worker.state, SIZES[-1], organize=False)[:3]
+    step, static, pads = worker.drafting.graph_step(worker.state, SIZES[-1], worker.args.device, organize=False)[:3]
     mgr = GraphCaptureManager(step, static, SIZES, backend=worker.state.graphs.backend_name,
                               pad_values=pads)
     mgr.capture()
@@ -80,8 +80,8 @@ def main(argv=None):
         if kind == "chain":
             nodes["chain_without_organize"] = organize_free_nodes(first)
         for b in SIZES:
-            inp = make_draft_input(b, first.topk, seed=b, device=a.device)
-            fns = {"eager": lambda w=first, i=inp: w.draft_step(w.state, i.topk_p, i.topk_index,
+            inp = make_draft_input(b, first.spec.topk, seed=b, device=a.device)
+            fns = {"eager": lambda w=first, i=inp: w.drafting.step(w.state, i.topk_p, i.topk_index,
                                                                 i.hidden_states, count=False)}
             for label, w in workers.items():
                 fns[label] = lambda w=w, i=inp: w.draft_forward(i)

@@ -57,7 +57,7 @@ def bench_case(b, s, ref, device, repeats, inner):
     gen = torch.Generator().manual_seed(b * 31 + s)
     inp = DraftInput(torch.rand(b, s, generator=gen).to(device),
                      torch.randint(0, 32000, (b, s), generator=gen).to(device), None)
-    buf = worker.chain_buffers
+    buf = worker.state.chain_buffers
     parents, score_indices, topk_index = buf.parents, buf.score_indices, inp.topk_index
     tree_args = RuntimeArgs(SpeculativeConfig(s, 2, tree_choices=static_tree(s)),
                             CudaGraphConfig(PhaseGraphConfig(max_bs=256)), device=device)

@@ -69,7 +69,7 @@ def _engine(target_model: Any, head: Any, backend: str, device: str, phases: tup
     start = time.perf_counter()
     kw = {"graph_phases": phases} if phases is not None and backend != "eager" else {}
     eng = SpecDecodeEngine(_args(device), target_model, head, backend=backend, capture="blocking", **kw)
-    if not eng.worker.wait_graphs(1800.0):
+    if not eng.worker.capture.wait(1800.0):
         raise RuntimeError(f"backend={backend!r}: graphs not ready after 1800 s")
     graphs = eng.worker.state.graphs
     name = graphs.backend_name if graphs is not None else "eager"

@@ -60,14 +60,14 @@ def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
     n, s = spec.num_draft_tokens, spec.num_steps
     buf = state.static_buffers()
     if buf is not None:
-        tokens = worker.draft_tokens(state, inp.topk_p, inp.topk_index, inp.hidden_states)
+        tokens = worker.drafting.tokens(state, inp.topk_p, inp.topk_index, inp.hidden_states)
 
         def run() -> Any:
             parents, indices = buf.view(b)  # the whole static organize
             return build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, s, n,
                               validate=False, layout=buf.layout)
     else:
-        lists = worker._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
+        lists = worker.drafting._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
 
         def run() -> Any:
             parents, indices, tokens = organize_draft_results(*lists, n)
@@ -80,7 +80,7 @@ def graph_nodes(spec: SpeculativeConfig, size: int) -> dict[str, int | None]:
     """Trace-backend nodes of the captured draft step, with and without its organize stage."""
     w = make_worker(spec, "cpu", capture=(size,))
     w.capture_graphs("trace")
-    step, static, pads = w._graph_step(w.state, size, organize=False)[:3]
+    step, static, pads = w.drafting.graph_step(w.state, size, w.args.device, organize=False)[:3]
     bare = GraphCaptureManager(step, static, (size,), backend="trace", pad_values=pads)
     bare.capture()
     out = {"nodes": w.state.graphs.node_count(size), "nodes_no_organize": bare.node_count(size)}

@@ -78,7 +78,7 @@ def main() -> None:
             engine.add_request(q, 6)
         engine.request_reload(_args(2 + i % 3))
         _serve(engine)
-        if engine.worker.wait_graphs(120):  # a background reload commits at the next step: serve again
+        if engine.worker.capture.wait(120):  # a background reload commits at the next step: serve again
             for q in prompts:
                 engine.add_request(q, 6)
             _serve(engine)

@@ -79,7 +79,7 @@ def measure_state(name: str, device: str, repeats: int, inner: int) -> list[dict
     rows = []
     for b in BATCHES:
         inp = make_draft_input(b, k, seed=b, device=device)
-        fns = {"eager": lambda i=inp: worker.draft_step(worker.state, i.topk_p, i.topk_index,
+        fns = {"eager": lambda i=inp: worker.drafting.step(worker.state, i.topk_p, i.topk_index,
                                                          i.hidden_states, count=False),
                "replay": lambda i=inp: worker.draft_forward(i)}
         if cuda:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     head = copy.deepcopy(head)
     head.allocate_cache(max(sizes) + 1)
     worker = EagleDraftWorker(args, head)
-    graph_step = worker._graph_step(worker.state, max(sizes), organize=False)
+    graph_step = worker.drafting.graph_step(worker.state, max(sizes), worker.args.device, organize=False)
     names = list(graph_step.static_inputs)
     full = tuple(graph_step.static_inputs.values())
 

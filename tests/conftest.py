@@ -85,7 +85,7 @@ def make_worker() -> Iterator[Callable[..., Any]]:
     stopped after the test."""
     from engine_support import tiny_worker
 
-    yield from _closing(tiny_worker, lambda worker: worker.stop_capture(60))
+    yield from _closing(tiny_worker, lambda worker: worker.capture.stop(60))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.reload import PreparedReload
 
 from .policy import StepPolicy, build_policy
@@ -38,7 +39,7 @@ class StepBoundary:
     ``policy`` the step policy for it; ``on_weights`` is called after an applied weights update
     (the drafter resets its carried state)."""
 
-    def __init__(self, worker: Any, weights: Any, stats: EngineStats, args: RuntimeArgs,
+    def __init__(self, worker: DraftWorker, weights: Any, stats: EngineStats, args: RuntimeArgs,
                  schedule: SpeculationSchedule | None, adaptive_steps: tuple[int, ...], backend: str,
                  background: bool, on_weights: Callable[[], None]) -> None:
         self.worker = worker
@@ -99,9 +100,9 @@ class StepBoundary:
         if self.prepared is not None:
             with span("commit_reload") if self.prepared.ready else contextlib.nullcontext():
                 self._commit_prepared()
-        queue = self.worker.capture_queue
+        queue = self.worker.capture.queue
         if self.background and not queue.threaded and queue.pending():
-            self.worker.capture_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
+            self.worker.capture.run_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
         if self.worker.generation != self._generation_seen:  # reloaded outside _apply
@@ -117,14 +118,14 @@ class StepBoundary:
         self.worker.request_reload(new_args, policy)
 
     def _take_reload(self) -> None:
-        pending = self.worker.take_reload_request()
+        pending = self.worker.reloads.take_request()
         if pending is None:
             return
         if self.coordinator is None:
             with span("apply_reload"):
                 self._apply(*pending)
             return
-        log = self.worker.reload_log
+        log = self.worker.reloads.log
         try:
             self.coordinator.propose_reload(*pending)
         except Exception as exc:  # another proposal in flight: this one is not applied
@@ -139,7 +140,7 @@ class StepBoundary:
             return
         self.policy.release()
         try:
-            prepared = self.worker.prepare_reload(new_args, policy, requested=True,
+            prepared = self.worker.reloads.prepare(new_args, policy, requested=True,
                                                   graphs=not self.scheduled(new_args))
         except (ReloadError, ValueError) as exc:
             self._rejected(exc)
@@ -151,13 +152,13 @@ class StepBoundary:
         """Background capture: build the new state with queued graphs; ``release_first`` swaps
         now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
         if self.prepared is not None:  # a newer request supersedes one still capturing
-            self.worker.discard_reload(self.prepared, f"superseded by a reload to {new_args.speculative}",
+            self.worker.reloads.discard(self.prepared, f"superseded by a reload to {new_args.speculative}",
                                        superseded=True)
             self.prepared = None
         if policy == "release_first":
             self.policy.release()
         try:
-            prepared = self.worker.prepare_reload(new_args, policy, self.backend, background=True,
+            prepared = self.worker.reloads.prepare(new_args, policy, self.backend, background=True,
                                                   requested=True, graphs=not self.scheduled(new_args))
         except (ReloadError, ValueError) as exc:
             self._rejected(exc)
@@ -172,15 +173,15 @@ class StepBoundary:
     def _commit(self, prepared: PreparedReload) -> None:
         self.policy.release()
         try:
-            self.worker.commit_reload(prepared)
+            self.worker.reloads.commit(prepared)
         except ReloadError as exc:
-            self.worker.discard_reload(prepared, str(exc))
+            self.worker.reloads.discard(prepared, str(exc))
             self._rejected(exc)
             self._renew_policy()
         else:
             self.args = prepared.args
             self._generation_seen = self.worker.generation
-            self.stats.record_reload({"ok": True, **self.worker.reload_history[-1]})
+            self.stats.record_reload({"ok": True, **self.worker.reloads.history[-1]})
             self._renew_policy()
 
     def _commit_prepared(self) -> None:
@@ -193,7 +194,7 @@ class StepBoundary:
         failed = prepared.failed_sizes
         if failed:
             reason = f"capture failed at sizes {sorted(failed)}: {next(iter(failed.values()))}"
-            self.worker.discard_reload(prepared, reason)
+            self.worker.reloads.discard(prepared, reason)
             self._rejected(ReloadError(reason))
             return
         self._commit(prepared)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
-from draftgraph.runtime.worker.base import GraphStep
+from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker.host_phases import GraphStep
 
 from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
@@ -41,7 +42,7 @@ class EagleDrafter:
     def __init__(self, args: RuntimeArgs, head: HFEagleHead, slots: int) -> None:
         self.head = head
         head.allocate_cache(slots)
-        self.worker = EagleDraftWorker(args, head)
+        self.worker: DraftWorker = EagleDraftWorker(args, head)
 
     @property
     def feature_dim(self) -> int:
@@ -149,8 +150,8 @@ class MultiLayerDrafter:
     def __init__(self, args: RuntimeArgs, draft: MultiLayerDraft, slots: int) -> None:
         self.draft_model = draft
         self.check_args(args)
-        self.worker = MultiLayerEagleDraftWorker(args)
-        self.worker.add_args_check(self.check_args)  # every reload path, not construction only
+        self.worker: DraftWorker = MultiLayerEagleDraftWorker(args)
+        self.worker.reloads.add_check(self.check_args)  # every reload path, not construction only
 
     @property
     def feature_dim(self) -> int:

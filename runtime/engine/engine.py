@@ -29,6 +29,7 @@ from draftgraph.graphs import resolve_backend
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker.capture_queue import MAX_THREADS
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.weights import WeightRefit
 
 from ..models.hf_eagle import HFEagleHead
@@ -121,7 +122,7 @@ class SpecDecodeEngine:
             raise ValueError(f"adaptive_steps={list(adaptive_steps)} and schedule={schedule.text()!r}: give "
                              f"the candidates per band in the schedule (\"1:3|4|5\") instead")
         adaptive = tuple(adaptive_steps) if adaptive_steps else ()
-        self.worker = self.drafter.worker
+        self.worker: DraftWorker = self.drafter.worker
         limits = EngineLimits(self.worker, getattr(getattr(self.drafter, "draft_model", None), "max_steps", None),
                               schedule, adaptive)
         limits.check_spec(args)
@@ -129,7 +130,7 @@ class SpecDecodeEngine:
             limits.check_schedule(args)
         # one way in: every reload of this worker (ours, its own request_reload, a signal
         # handler's) is taken at our step boundary and checked against our limits when asked
-        self.worker.attach_host("a SpecDecodeEngine")
+        self.worker.reloads.attach_host("a SpecDecodeEngine")
         limits.install()
         device = self.cache.k[0].device
         self.capture_choice: CaptureChoice = choose_capture(
@@ -137,17 +138,17 @@ class SpecDecodeEngine:
         self.capture = capture = self.capture_choice.mode  # "none" on the eager backend
         background = capture in ("background", "fill") and backend != "eager"
         if capture == "fill":  # nothing is served meanwhile: a compile process per core
-            self.worker.set_compile_processes(self.capture_choice.compile_processes)
-            self.worker.capture_queue.max_threads = max(self.worker.capture_queue.max_threads,
+            self.worker.capture.set_compile_processes(self.capture_choice.compile_processes)
+            self.worker.capture.queue.max_threads = max(self.worker.capture.queue.max_threads,
                                                         self.capture_choice.compile_processes)
         self.phases = self._phases(backend, graph_phases, kv_tiers)
         if self.phases is not None:
-            self.worker.set_phase_provider(self.phases)
+            self.worker.capture.set_phase_provider(self.phases)
         if backend != "eager":
             if schedule is None:
                 self.worker.capture_graphs(backend, background=background)
             else:  # the band states capture their own sizes; the active state none
-                self.worker.graph_backend = backend
+                self.worker.capture.backend = backend
         worker_weights = getattr(self.worker, "weights", None)  # the eagle worker refits its model
         weights = worker_weights if worker_weights is not None else WeightRefit(draft)
         self._counts = EngineStats()
@@ -173,10 +174,10 @@ class SpecDecodeEngine:
         try:
             if progress is not None:
                 progress(self)
-            self.worker.wait_graphs()
+            self.worker.capture.wait()
         finally:
-            self.worker.set_compile_processes(1)
-            self.worker.capture_queue.max_threads = MAX_THREADS
+            self.worker.capture.set_compile_processes(1)
+            self.worker.capture.queue.max_threads = MAX_THREADS
 
     def _phases(self, backend: str, graph_phases: Sequence[str] | None, kv_tiers: Sequence[int] | None
                 ) -> EnginePhases | None:
@@ -235,7 +236,7 @@ class SpecDecodeEngine:
         handler); a newer request supersedes one not yet applied (counted and logged). The
         worker's own `request_reload` (e.g. `install_reload_signal(engine.worker, ...)`) is
         the same way in."""
-        self.worker.check_reload(new_args, policy)
+        self.worker.reloads.check(new_args, policy)
         self.boundary.request_reload(new_args, policy)
 
     def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
@@ -371,7 +372,7 @@ class SpecDecodeEngine:
         return {**self.report.startup(), "capture_choice": self.capture_choice.as_dict()}
 
     def close(self, timeout_s: float | None = 60.0) -> bool:
-        """Stop background capture (`EagleDraftWorkerBase.stop_capture`: pending units
+        """Stop background capture (`StateCapture.stop`: pending units
         cancelled, a unit in progress waited for up to ``timeout_s``); the engine keeps serving,
         eager where graphs are missing. False (and a warning) when a unit still runs."""
-        return self.worker.stop_capture(timeout_s)
+        return self.worker.capture.stop(timeout_s)

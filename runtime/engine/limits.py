@@ -8,10 +8,10 @@ field, the value and the rule, and nothing is left pending.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 
 from .drafting import KEEP_TOPK
 from .scheduling import check_schedule, reload_state_specs
@@ -27,7 +27,7 @@ class EngineLimits:
     none; ``current_schedule`` later, once the engine follows reloads), ``adaptive_steps`` its
     adaptive candidates (for the memory budget)."""
 
-    def __init__(self, worker: Any, max_steps: int | None, schedule: SpeculationSchedule | None,
+    def __init__(self, worker: DraftWorker, max_steps: int | None, schedule: SpeculationSchedule | None,
                  adaptive_steps: tuple[int, ...]) -> None:
         self.worker = worker
         self.max_steps = max_steps
@@ -37,10 +37,10 @@ class EngineLimits:
 
     def install(self) -> None:
         """Every later reload of the worker is checked here too."""
-        self.worker.add_args_check(self.check_spec)
+        self.worker.reloads.add_check(self.check_spec)
         if self.installs_schedule:
-            self.worker.add_args_check(self.check_schedule)
-        self.worker.add_args_check(self.check_memory)
+            self.worker.reloads.add_check(self.check_schedule)
+        self.worker.reloads.add_check(self.check_memory)
 
     def check_spec(self, args: RuntimeArgs) -> None:
         spec = args.speculative
@@ -60,5 +60,5 @@ class EngineLimits:
     def check_memory(self, args: RuntimeArgs) -> None:
         """Every state a reload to ``args`` builds (its own, the adaptive or band candidates),
         summed, within the operator's memory limit: ValueError before any is built."""
-        self.worker.check_states_budget(args, reload_state_specs(
+        self.worker.budget.check_states(args, reload_state_specs(
             args.speculative, self.adaptive_steps, args.schedule or self.current_schedule()))

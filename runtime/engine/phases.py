@@ -29,7 +29,7 @@ import torch
 
 from draftgraph.graphs import Miss, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
-from draftgraph.runtime.worker.base import GraphStep
+from draftgraph.runtime.worker.host_phases import GraphStep
 
 from .slot_state import StepBatch
 from .verify import Acceptance, tree_verify_mask

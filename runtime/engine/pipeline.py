@@ -16,6 +16,7 @@ import torch
 
 from draftgraph.graphs.spans import span, spans_active
 from draftgraph.runtime import DraftResult, VerifyTree, build_tree
+from draftgraph.runtime.worker.contract import DraftWorker
 
 from ..models.greedy import prefill
 from .phases import EnginePhases
@@ -68,7 +69,7 @@ class StepPipeline:
             table.admitted(req)
 
     @torch.no_grad()
-    def step(self, reqs: Sequence[Request], worker: Any, num_steps: int) -> Acceptance:
+    def step(self, reqs: Sequence[Request], worker: DraftWorker, num_steps: int) -> Acceptance:
         """One step for the running ``reqs`` with the worker's active state (``num_steps`` 0: a
         plain target decode, one token per request). Commits the accepted tokens into the
         requests and the device state, extends the draft, counts the step; returns the

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from draftgraph.graphs import capture_batch_sizes
 from draftgraph.runtime import AdaptiveStepController, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 
 from .scheduling import BandScheduler
 
@@ -40,7 +41,7 @@ class StepPolicy(Protocol):
 class FixedPolicy:
     """The worker's own state serves every step."""
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: DraftWorker) -> None:
         self.worker = worker
 
     def begin(self, batch_size: int) -> int:
@@ -82,7 +83,7 @@ class AdaptivePolicy:
         return {"steps_per_state": dict(self.controller.steps_per_state), "schedule": None}
 
 
-def build_policy(worker: Any, args: RuntimeArgs, schedule: SpeculationSchedule | None,
+def build_policy(worker: DraftWorker, args: RuntimeArgs, schedule: SpeculationSchedule | None,
                  adaptive_steps: Sequence[int], backend: str, background: bool,
                  coordinator: Any = None) -> StepPolicy:
     """The policy for what ``worker`` serves now under ``args``: the schedule's bands when there is

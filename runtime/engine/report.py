@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.counting import read_consistent
 from draftgraph.runtime.worker.host_phases import phase_totals
 from draftgraph.runtime.worker.stored_steps import compiled_unit_seconds, source_counts
@@ -30,7 +31,7 @@ class EngineReport:
         self.t0 = t0
         self.counts = stats
         self.boundary = boundary
-        self.worker = boundary.worker
+        self.worker: DraftWorker = boundary.worker
         self.acceptance = acceptance
         self.backend = backend
         self.capture = capture
@@ -55,7 +56,7 @@ class EngineReport:
         """Construction until no capture unit is pending (0.0 eager; None while some are)."""
         if self.backend == "eager":
             return 0.0
-        queue = self.worker.capture_queue
+        queue = self.worker.capture.queue
         idle = queue.idle_since if queue.pending() == 0 else None
         # units loaded from the compiled-code store are ready when construction ends
         return None if idle is None else max(self.startup_s, idle - self.t0)
@@ -74,7 +75,7 @@ class EngineReport:
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    **self.boundary.policy.as_dict(), state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
-        out["reloads"] = {**self.worker.reload_log.totals(), "recent": recent}
+        out["reloads"] = {**self.worker.reloads.log.totals(), "recent": recent}
         out["phases"] = phase_totals(self.worker.live_states())  # verify / extend graphs, all states
         out["draft_weights"] = self.boundary.weights.as_dict()
         out["acceptance_watch"] = self.acceptance.as_dict() if self.acceptance is not None else None
@@ -97,7 +98,7 @@ class EngineReport:
         live graphs came from (`runtime.worker.stored_steps.source_counts`: compiled, loaded from the
         compiled-code store, shared)."""
         states = self.boundary.states()
-        queue = self.worker.capture_queue
+        queue = self.worker.capture.queue
         described = [_describe_capture(s) for s in states]
         return {
             "capture": self.capture,
@@ -110,7 +111,7 @@ class EngineReport:
             "capture_units_run": queue.units_run, "capture_units_failed": queue.units_failed,
             "capture_units_cancelled": queue.units_cancelled,
             "graphs_eta": self._graphs_eta(states, queue, sum(len(s["sizes_pending"]) for s in described)),
-            **source_counts(states, self.worker.compile_process_figures()),
+            **source_counts(states, self.worker.capture.compile_process_figures()),
         }
 
 

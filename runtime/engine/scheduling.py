@@ -23,6 +23,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, SpeculativeConfig
 from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
+from draftgraph.runtime.worker.contract import DraftWorker
 
 __all__ = ["BandScheduler", "band_capture_sizes", "band_state_sizes", "check_schedule", "reload_state_specs"]
 
@@ -98,7 +99,7 @@ def reload_state_specs(spec: SpeculativeConfig, adaptive_steps: Sequence[int],
 class BandScheduler:
     """Band states and controllers of one schedule on one worker (see the module docstring)."""
 
-    def __init__(self, worker: Any, schedule: SpeculationSchedule, grid: Sequence[int], backend: str | None,
+    def __init__(self, worker: DraftWorker, schedule: SpeculationSchedule, grid: Sequence[int], backend: str | None,
                  background: bool = False, coordinator: Any = None) -> None:
         self.worker = worker
         self.schedule = schedule
@@ -109,7 +110,7 @@ class BandScheduler:
         self.targets: list[Any] = []  # per band: its plain target step's state (S=0 bands with sizes)
         self.sizes: list[list[int]] = []
         for band in self.bands:
-            sizes = band_state_sizes(grid, band, backend is not None, worker.phase_provider is not None)
+            sizes = band_state_sizes(grid, band, backend is not None, worker.capture.phase_provider is not None)
             if band.off:  # graphs only for the host's width-1 phases
                 self.sizes.append(sizes)
                 self.controllers.append(None)

@@ -162,7 +162,7 @@ def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
 
 def _follow_units(engine: SpecDecodeEngine, bar: Any, done: int, poll_s: float) -> None:
     try:
-        while not engine.worker.wait_graphs(poll_s):
+        while not engine.worker.capture.wait(poll_s):
             now, total = _units(engine)
             if bar is not None:
                 bar.total = total
@@ -290,7 +290,7 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
                 if bar is not None:
                     bar.update(engine.tokens_generated - before)
                 step += 1
-                if ready is None and engine.worker.graphs_ready():
+                if ready is None and engine.worker.capture.ready():
                     ready = (step, time.perf_counter(), engine.tokens_generated)
             loop_s = time.perf_counter() - start  # without writing the trace
     except KeyboardInterrupt:  # Ctrl-C: stop serving, report what finished

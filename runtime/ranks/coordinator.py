@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.reload import RELOAD_POLICIES, ReloadError
 
 from ..config import RuntimeArgs
@@ -95,7 +96,7 @@ class CoordinatorStats:
         return asdict(self)
 
 
-def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
+def startup_fingerprint(worker: DraftWorker, poll_every: int) -> dict[str, str]:
     """What must be equal on every rank: worker type, args (device index aside), active spec,
     capture sizes, graph backend, row layout (hidden size), generation and the poll period."""
     args = worker.args
@@ -107,13 +108,14 @@ def startup_fingerprint(worker: Any, poll_every: int) -> dict[str, str]:
     out["spec"] = repr(state.spec)
     out["capture_sizes"] = repr(tuple(state.capture_sizes))
     out["backend"] = state.graphs.backend_name if state.graphs is not None else "none"
-    rows = getattr(worker, "row_layout", None)  # the draft state's row layout (hidden size, or named leaves)
+    drafting = getattr(worker, "drafting", None)  # an EAGLE worker: its draft model's row layout
+    rows = getattr(drafting, "row_layout", None)  # the draft state's row layout (hidden size, or named leaves)
     out["rows"] = rows.describe() if rows is not None else "none"
     out["generation"] = str(state.generation)
     return out
 
 
-def state_fingerprint(worker: Any) -> int:
+def state_fingerprint(worker: DraftWorker) -> int:
     """A 31-bit fingerprint of what ``worker`` serves now: generation, S, k, N and tree."""
     state = worker.state
     spec = state.spec
@@ -147,14 +149,14 @@ class RankCoordinator:
     every rank, a rank that does not arrive raises RankTimeout naming it.
     """
 
-    def __init__(self, worker: Any, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
+    def __init__(self, worker: DraftWorker, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
                  *, store: Any = None, name: str = "draft", secret: bytes | None = None) -> None:
         self.poll_every = require_positive_int("poll_every", poll_every)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be a number > 0 (seconds)")
-        for method in ("prepare_reload", "commit_reload", "discard_reload"):
-            if not callable(getattr(worker, method, None)):
-                raise ConfigTypeError(f"worker={type(worker).__name__}: needs {method} (a draft worker)")
+        for method in ("prepare", "commit", "discard"):
+            if not callable(getattr(getattr(worker, "reloads", None), method, None)):
+                raise ConfigTypeError(f"worker={type(worker).__name__}: needs reloads.{method} (a draft worker)")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
                                "(draftgraph.runtime.spawn_ranks does it for CPU processes)")
@@ -401,7 +403,7 @@ class RankCoordinator:
         proposer, args, policy, prepared, error = -1, None, "swap", None, None
         try:
             proposer, args, policy = self._proto.read_reload(n)
-            prepared = self.worker.prepare_reload(args, policy)
+            prepared = self.worker.reloads.prepare(args, policy)
         except Exception as exc:  # any failure is a "no" vote: the others must not wait for it
             error = f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, (ReloadError, TypeError, ValueError, RankTimeout)):
@@ -421,7 +423,7 @@ class RankCoordinator:
             self._fault(reason)
         spec = getattr(args, "speculative", None)
         if reason is None and prepared is not None:
-            self.worker.commit_reload(prepared)
+            self.worker.reloads.commit(prepared)
             self.stats.reloads += 1
             # an adaptive choice names a state of the old args (a schedule's band and S): every
             # rank serves the new args' initial choice until the leader's next word
@@ -431,7 +433,7 @@ class RankCoordinator:
         else:
             reason = reason or f"rank {self.rank} has no prepared state for reload {n}"
             if prepared is not None:
-                self.worker.discard_reload(prepared, reason)
+                self.worker.reloads.discard(prepared, reason)
             self.stats.aborted += 1
             self.last_error = f"reload {n} (proposed by rank {proposer}, {spec}) aborted: {reason}"
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)

@@ -30,11 +30,12 @@ never raise it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity, max_tree_candidates
 
-__all__ = ["StateBytes", "check_state_budget", "check_states_budget", "estimate_state_bytes",
+__all__ = ["StateBudget", "StateBytes", "check_state_budget", "check_states_budget", "estimate_state_bytes",
            "largest_capture_size"]
 
 
@@ -128,3 +129,39 @@ def check_states_budget(args: RuntimeArgs, specs: list[SpeculativeConfig], rows:
             f"needing about {_mib(total)} together: over max_state_bytes={limit} ({_mib(limit)}, the "
             f"operator's limit; a reload can only lower it); lower max_running_requests / max_bs")
     return total
+
+
+class StateBudget:
+    """One worker's memory limit per state and per reload: the operator's ``max_state_bytes``
+    (the worker's construction args; a reload's own value only lowers it), the worker's bytes per
+    row of static graph input, and whether it captures a draft step at all (no rows when not)."""
+
+    def __init__(self, limit: int, row_input_bytes: int, captures_graphs: bool) -> None:
+        self._limit = limit
+        self._row_input_bytes = row_input_bytes
+        self._captures_graphs = captures_graphs
+
+    @property
+    def limit(self) -> int:
+        """The operator's limit: the ``max_state_bytes`` the worker was constructed with."""
+        return self._limit
+
+    def limit_for(self, args: RuntimeArgs) -> int:
+        """The limit under ``args``: its ``max_state_bytes`` when lower than the operator's."""
+        return min(args.max_state_bytes, self._limit)
+
+    def check_state(self, args: RuntimeArgs, spec: SpeculativeConfig, rows: int | None = None) -> None:
+        """Refuse one state of ``spec`` under ``args`` with graphs up to ``rows`` (None: the args'
+        largest capture size) over `limit_for`: ValueError, before anything is built."""
+        if not self._captures_graphs:
+            rows = 0
+        elif rows is None:
+            rows = largest_capture_size(args)
+        check_state_budget(args, spec, rows, self._row_input_bytes, limit=self.limit_for(args))
+
+    def check_states(self, args: RuntimeArgs, specs: Sequence[SpeculativeConfig]) -> int:
+        """Refuse a reload to ``args`` whose states (``specs``: every state it builds, graphs up to
+        ``args``' largest capture size) need more than `limit_for` together: ValueError, nothing
+        allocated. Returns the estimated bytes."""
+        rows = largest_capture_size(args) if self._captures_graphs else 0
+        return check_states_budget(args, list(specs), rows, self.limit_for(args), self._row_input_bytes)

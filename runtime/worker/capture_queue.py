@@ -196,20 +196,9 @@ class CaptureQueue:
             seconds = entry.manager.capture_size(size)
             ran = True
             self.unit_s += seconds
-            record = entry.manager.stats.sizes.get(size)
-            if record is not None and record.compiles > 0:
+            if _publish_figures(entry, size, seconds):
                 self.compile_units += 1
                 self.compile_unit_s += seconds
-            if entry.phase is not None:
-                phases = state.phases
-                if phases is not None and phases.managers.get(entry.phase) is entry.manager:
-                    phases.figures[entry.phase].add_size(entry.manager, size, seconds)
-            else:
-                state.capture_s += seconds
-                if record is not None:  # the same figures a blocking capture records
-                    state.compile_s += record.compile_s
-                    state.capture_bytes += record.capture_bytes or 0
-                state.nodes[size] = entry.manager.node_count(size)
             self.units_run += 1
         except (GraphCaptureError, ValueError) as exc:
             self.units_failed += 1
@@ -335,25 +324,12 @@ class CaptureQueue:
                 return False
         return True
 
-    def _wanted_threads(self) -> int:
-        """Background threads worth running (the caller holds the lock): one, or `MAX_THREADS`
-        while at least two managers wait and none of them compiles here
-        (``max_threads``: one per compile process during a fill). A unit that compiles in
-        the compile process spends most of its time waiting for it; a second thread meanwhile
-        records and checks another state's units, so this process's work and the compile
-        process's overlap (a cold fill measured 66 s one unit after another). Units that compile
-        here stay one at a time: they are paced to spare serving."""
-        live = [e for e in self._entries if e.manager.pending_sizes]
-        if len(live) < 2 or any(e.paced for e in live):
-            return 1
-        return min(self.max_threads, len(live))
-
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._stopped:
                 return
             self._threads = [t for t in self._threads if t.is_alive()]
-            while len(self._threads) < self._wanted_threads():
+            while len(self._threads) < _wanted_threads(self._entries, self.max_threads):
                 thread = threading.Thread(target=self._work, name="draftgraph-capture", daemon=True)
                 self._threads.append(thread)
                 thread.start()
@@ -383,6 +359,38 @@ class CaptureQueue:
                         self._threads.remove(threading.current_thread())
                     return
             time.sleep(0.01)  # every pending unit is being captured by another caller
+
+
+def _publish_figures(entry: _Entry, size: int, seconds: float) -> bool:
+    """Add a captured unit's figures to its state (the same figures a blocking capture records;
+    a phase's only while the state still holds that phase's manager). True when it compiled."""
+    state, manager = entry.state, entry.manager
+    record = manager.stats.sizes.get(size)
+    if entry.phase is not None:
+        phases = state.phases
+        if phases is not None and phases.managers.get(entry.phase) is manager:
+            phases.figures[entry.phase].add_size(manager, size, seconds)
+    else:
+        state.capture_s += seconds
+        if record is not None:
+            state.compile_s += record.compile_s
+            state.capture_bytes += record.capture_bytes or 0
+        state.nodes[size] = manager.node_count(size)
+    return record is not None and record.compiles > 0
+
+
+def _wanted_threads(entries: list[_Entry], max_threads: int) -> int:
+    """Background threads worth running over ``entries`` (the caller holds the queue's lock): one,
+    or up to ``max_threads`` (`MAX_THREADS`; one per compile process during a fill) while at least
+    two managers wait and none of them compiles here. A unit that compiles in the compile process
+    spends most of its time waiting for it; a second thread meanwhile records and checks another
+    state's units, so this process's work and the compile process's overlap (a cold fill measured
+    66 s one unit after another). Units that compile here stay one at a time: they are paced to
+    spare serving."""
+    live = [e for e in entries if e.manager.pending_sizes]
+    if len(live) < 2 or any(e.paced for e in live):
+        return 1
+    return min(max_threads, len(live))
 
 
 def _lower_priority() -> None:

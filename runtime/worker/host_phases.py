@@ -15,14 +15,30 @@ each, STYLE.md §6.13).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+import torch
 
 from draftgraph.graphs import GraphCaptureManager, Miss, ReplayPlan
 from draftgraph.runtime.config import SpeculativeConfig
 
-__all__ = ["PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
+__all__ = ["GraphStep", "PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
+
+
+class GraphStep(NamedTuple):
+    """What a worker hands the graph manager for one state: the capturable ``step(**inputs)``,
+    its named static inputs (allocated at the largest capture size) and their pad values.
+    A host's phase may add what its compiled code is stored under: ``structure`` (everything
+    the code depends on besides shapes: models, configuration, widths) and ``constants()``
+    (every tensor the step reads besides its inputs, by stable name); see `runtime.worker.stored_steps`."""
+
+    step: Callable[..., Any]
+    static_inputs: dict[str, torch.Tensor]
+    pad_values: dict[str, float | int]
+    structure: str = ""
+    constants: Callable[[], Any] | None = None
 
 
 class PhaseProvider(Protocol):

@@ -26,7 +26,7 @@ __all__ = ["MultiLayerEagleDraftWorker"]
 class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
     """Organizes multi-layer chain drafts: draft_input.topk_p / topk_index [b, S]."""
 
-    captures_graphs = False  # nothing to capture: the fast path launches no kernel
+    _captures_graphs = False  # nothing to capture: the fast path launches no kernel
 
     def _check_args(self, args: RuntimeArgs) -> None:
         """A multi-layer draft yields one token per step: topk must be 1."""
@@ -45,7 +45,7 @@ class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
         """
         slot = self.slot
         if slot.pending is not None:
-            self._apply_pending()
+            self.reloads.apply_pending()
         topk_p, topk_index, (b, width) = checked_topk(draft_input)
         state = slot.active  # one read: a concurrent swap cannot mix two states
         # key check: buffers built for this S (a chain state's N is S + 1 by validation)

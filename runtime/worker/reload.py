@@ -4,9 +4,11 @@ A reload runs under the worker's lock, so steps of other threads wait for it and
 the new state; a step never sees a half-built state. `request_reload` only records the request
 (safe from a signal handler); the serving thread applies it at the start of its next step.
 
-`ReloadMixin` works through an explicit interface, nothing private of its host: the host's
-`slot` (`StateSlot`: lock, active state, args, generation, pending request), its `reload_log`
-(`ReloadLog`), and two hooks, `_check_args(args)` and `_build_state(args, generation, backend)`.
+`Reloads` is an object its worker holds (not a mixin): it is given the worker's `slot`
+(`StateSlot`: lock, active state, args, generation, pending request) and its hooks:
+``check_args(args)`` and ``check_memory(args)`` (the worker's own checks; the host's run
+between them), ``build_state(args, generation, backend, background)`` and ``backend()``.
+It keeps the `ReloadLog`.
 
 When an engine drives the worker (`attach_host`), every reload reaches it the same way: a
 request (the engine's, the worker's own, a signal handler's) taken at the engine's step
@@ -31,7 +33,7 @@ from draftgraph.runtime.config import RuntimeArgs
 from draftgraph.runtime.validation import ConfigTypeError
 from draftgraph.runtime.worker.state_slot import StateSlot
 
-__all__ = ["PreparedReload", "ReloadError", "ReloadLog", "ReloadMixin", "RELOAD_POLICIES"]
+__all__ = ["PreparedReload", "ReloadError", "ReloadLog", "Reloads", "RELOAD_POLICIES"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class ReloadError(RuntimeError):
 
 @dataclass(frozen=True)
 class PreparedReload:
-    """A state built aside by `ReloadMixin.prepare_reload`: not serving until committed."""
+    """A state built aside by `Reloads.prepare`: not serving until committed."""
 
     args: RuntimeArgs
     policy: str
@@ -98,16 +100,24 @@ class ReloadLog:
                 "superseded": self.superseded}
 
 
-class ReloadMixin:
-    """`reload` / `request_reload` for draft workers, through the interface in the module
-    docstring."""
+class Reloads:
+    """`reload` / `request` / two-phase `prepare` + `commit` of one worker's state, through the
+    interface in the module docstring. ``backend()`` is the worker's graph backend (None: none
+    chosen yet), which a reload captures with unless told otherwise."""
 
-    slot: StateSlot
-    reload_log: ReloadLog
-    graph_backend: str | None = None  # the backend the worker was set up with (`capture_graphs`)
-    _host_checks: tuple[Callable[[RuntimeArgs], None], ...] = ()
+    def __init__(self, slot: StateSlot, check_args: Callable[[RuntimeArgs], None],
+                 check_memory: Callable[[RuntimeArgs], None],
+                 build_state: Callable[[RuntimeArgs, int, str | None, bool], Any],
+                 backend: Callable[[], str | None]) -> None:
+        self.slot = slot
+        self.log = ReloadLog()
+        self._check_args = check_args
+        self._check_memory = check_memory  # after the host's checks, before anything is built
+        self._build_state = build_state
+        self._backend = backend
+        self._host_checks: tuple[Callable[[RuntimeArgs], None], ...] = ()
 
-    def add_args_check(self, check: Callable[[RuntimeArgs], None]) -> None:
+    def add_check(self, check: Callable[[RuntimeArgs], None]) -> None:
         """Add a host's own limit (a drafter's layer count, an engine's widest tree) to the
         checks every reload path runs before anything changes: ``check(args)`` raises
         ValueError / TypeError naming the field and the limit."""
@@ -117,33 +127,20 @@ class ReloadMixin:
 
     def attach_host(self, name: str) -> None:
         """Declare that ``name`` (an engine) drives this worker's steps: requested reloads are
-        then applied at its step boundary (`take_reload_request`), never inside a draft step,
-        and a direct `reload` / `prepare_reload` / `commit_reload` / `override_worker_state`
-        outside the host's step is refused with an error naming `request_reload`."""
+        then applied at its step boundary (`take_request`), never inside a draft step, and a
+        direct `reload` / `prepare` / `commit` / override outside the host's step is refused
+        with an error naming `request_reload`."""
         self.slot.host = str(name)
 
     @property
-    def reload_history(self) -> deque[dict[str, Any]]:
+    def history(self) -> deque[dict[str, Any]]:
         """The latest reload records (policy, seconds, ok, error, capture_s, capture_bytes)."""
-        return self.reload_log.history
+        return self.log.history
 
-    def check_reload(self, new_args: Any, policy: str = "swap") -> None:
+    def check(self, new_args: Any, policy: str = "swap") -> None:
         """Run every check a reload to ``new_args`` must pass (the same as construction, the
         host's limits included) without changing anything: ValueError / TypeError naming the
         field and the limit. Hosts call it before queueing a request of their own."""
-        self._check_reload(new_args, policy)
-
-    def _require_direct(self, what: str) -> None:
-        """Refuse a direct reload call while a host drives this worker, outside its step."""
-        slot = self.slot
-        if slot.host is not None and not slot.in_host_step():
-            raise ReloadError(
-                f"{what}: this worker is driven by {slot.host}, and a direct {what} would race "
-                f"its steps; call request_reload (the host's or this worker's): it is applied at "
-                f"the next step boundary")
-
-    def _check_reload(self, new_args: Any, policy: str) -> None:
-        """Reject a bad request before anything changes."""
         if not isinstance(new_args, RuntimeArgs):
             raise ConfigTypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
         if policy not in RELOAD_POLICIES:
@@ -151,15 +148,16 @@ class ReloadMixin:
         self._check_args(new_args)
         for check in self._host_checks:
             check(new_args)
+        self._check_memory(new_args)
 
-    def _check_args(self, args: RuntimeArgs) -> None:
-        """Subclass hook: reject args this worker cannot serve."""
-
-    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None,
-                     background: bool = False) -> Any:
-        """Host hook: a complete state for ``args`` at ``generation``, captured with ``backend``
-        (None: no graphs; ``background``: queued); raises when building or capturing fails."""
-        raise NotImplementedError
+    def require_direct(self, what: str) -> None:
+        """Refuse a direct reload call while a host drives this worker, outside its step."""
+        slot = self.slot
+        if slot.host is not None and not slot.in_host_step():
+            raise ReloadError(
+                f"{what}: this worker is driven by {slot.host}, and a direct {what} would race "
+                f"its steps; call request_reload (the host's or this worker's): it is applied at "
+                f"the next step boundary")
 
     def reload(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None) -> None:
         """Replace the active state with one built from ``new_args``.
@@ -169,11 +167,11 @@ class ReloadMixin:
         ``release_first``: release the old graphs, gc + empty the CUDA cache, then build (lower
         peak memory); on failure the old configuration keeps serving eager until a later reload
         succeeds. Graphs are captured when the old state had some (same backend) or ``backend``
-        is given. Equivalent to `prepare_reload` then `commit_reload` under one lock hold.
+        is given. Equivalent to `prepare` then `commit` under one lock hold.
         """
-        self._check_reload(new_args, policy)
-        self._require_direct("reload")
-        self.reload_log.requested += 1
+        self.check(new_args, policy)
+        self.require_direct("reload")
+        self.log.requested += 1
         self._reload_now(new_args, policy, backend)
 
     def _reload_now(self, new_args: RuntimeArgs, policy: str, backend: str | None = None) -> None:
@@ -181,47 +179,46 @@ class ReloadMixin:
         with self.slot.lock, span("reload", policy=policy):
             self._commit(self._prepare(new_args, policy, backend))
 
-    def prepare_reload(self, new_args: RuntimeArgs, policy: str = "swap",
-                       backend: str | None = None, *, background: bool = False,
-                       requested: bool = False, graphs: bool = True) -> PreparedReload:
+    def prepare(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None, *,
+                background: bool = False, requested: bool = False, graphs: bool = True) -> PreparedReload:
         """Phase one of a two-phase reload (several ranks): build and capture the new state
         aside; the active state keeps serving (``release_first`` releases its graphs first).
         ``background=True`` queues the capture instead (`capture_graphs`): commit when
-        `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit_reload`
-        or `discard_reload`. ``requested=True``: the reload was already counted by
-        `request_reload` (a host applying a request it took). ``graphs=False``: the new state
-        gets no graphs (a host that serves other states of its own, a schedule's band states)."""
-        self._require_direct("prepare_reload")
+        `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit` or
+        `discard`. ``requested=True``: the reload was already counted by `request` (a host
+        applying a request it took). ``graphs=False``: the new state gets no graphs (a host
+        that serves other states of its own, a schedule's band states)."""
+        self.require_direct("prepare_reload")
         try:
-            self._check_reload(new_args, policy)
+            self.check(new_args, policy)
         except Exception as exc:
             if requested:  # counted when requested: its outcome is a failure
-                self.reload_log.record(policy, time.perf_counter(), ok=False, error=repr(exc))
+                self.log.record(policy, time.perf_counter(), ok=False, error=repr(exc))
             raise
         if not requested:
-            self.reload_log.requested += 1
+            self.log.requested += 1
         with self.slot.lock, span("reload_prepare", policy=policy):
             return self._prepare(new_args, policy, backend, background, graphs)
 
-    def commit_reload(self, prepared: PreparedReload) -> None:
+    def commit(self, prepared: PreparedReload) -> None:
         """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
 
         Raises ReloadError (nothing changes) when the worker was reloaded since the prepare."""
-        self._require_direct("commit_reload")
+        self.require_direct("commit_reload")
         with self.slot.lock, span("reload_commit", policy=prepared.policy):
             self._commit(prepared)
 
-    def discard_reload(self, prepared: PreparedReload, reason: str, *, superseded: bool = False) -> None:
+    def discard(self, prepared: PreparedReload, reason: str, *, superseded: bool = False) -> None:
         """Phase two when the ranks did not agree: release the prepared state, record ``reason``
         (counted as failed, or as superseded when a newer reload replaces it)."""
         with self.slot.lock:
             prepared.state.release()
             if superseded:
-                self.reload_log.superseded += 1
+                self.log.superseded += 1
                 logger.warning("reload to %s (%s) superseded while it was prepared: %s",
                                prepared.args.speculative, prepared.policy, reason)
             else:
-                self.reload_log.record(prepared.policy, prepared.start, ok=False, error=reason)
+                self.log.record(prepared.policy, prepared.start, ok=False, error=reason)
 
     def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None,
                  background: bool = False, graphs: bool = True) -> PreparedReload:
@@ -231,7 +228,7 @@ class ReloadMixin:
             backend = None
         elif backend is None:  # the worker's backend, whatever the current state has (none after
             # a failed release_first reload)
-            backend = self.graph_backend
+            backend = self._backend()
             if backend is None and old.graphs is not None:
                 backend = old.graphs.backend_name
         generation = self.slot.generation
@@ -244,7 +241,7 @@ class ReloadMixin:
         try:
             new = self._build_state(new_args, generation + 1, backend, background)
         except Exception as exc:
-            self.reload_log.record(policy, start, ok=False, error=repr(exc))
+            self.log.record(policy, start, ok=False, error=repr(exc))
             serving = "the old state keeps serving" + (
                 " eager (its graphs were released first)" if policy == "release_first" else "")
             raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
@@ -259,21 +256,21 @@ class ReloadMixin:
                               f"generation {prepared.generation}, the worker is at {slot.generation}")
         for old in slot.commit(prepared.args, prepared.state):
             old.release()
-        self.reload_log.record(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
+        self.log.record(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
         logger.info("reloaded to %s (%s) in %.3f s", prepared.args.speculative, prepared.policy,
-                    self.reload_history[-1]["seconds"])
+                    self.history[-1]["seconds"])
 
-    def request_reload(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
+    def request(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
         """Validate now (nothing is left pending when a check fails), reload at the start of the
         next step: the worker's own, or its host's step boundary (safe from signal handlers).
         A newer request supersedes one not yet applied; that is counted and logged."""
-        self._check_reload(new_args, policy)
-        log = self.reload_log
+        self.check(new_args, policy)
+        log = self.log
         log.requested += 1
         if self.slot.request(new_args, policy) is not None:
             log.superseded += 1
 
-    def take_reload_request(self) -> tuple[RuntimeArgs, str] | None:
+    def take_request(self) -> tuple[RuntimeArgs, str] | None:
         """For the serving thread: the pending request (args, policy), now cleared, or None;
         requests it superseded are logged here (not in a signal handler)."""
         slot = self.slot
@@ -289,12 +286,12 @@ class ReloadMixin:
                            "(not listed; the latest %d are)", unreported - listed, listed)
         return slot.take_request()
 
-    def _apply_pending(self) -> None:
+    def apply_pending(self) -> None:
         """Run a requested reload (a worker without a host, at the start of its step); a
         failure is logged and recorded, serving goes on."""
         if self.slot.host is not None:  # the host applies it at its step boundary
             return
-        pending = self.take_reload_request()
+        pending = self.take_request()
         if pending is None:
             return
         try:

@@ -21,6 +21,7 @@ import torch
 
 from draftgraph.graphs.compile.entry import StoredCode
 from draftgraph.runtime.compile_store import default_compile_store
+from draftgraph.runtime.config import chain_capacity
 from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["code_digest", "compiled_unit_seconds", "phase_stored_code", "source_counts", "stored_code"]
@@ -52,7 +53,7 @@ def _structure(worker: Any, state: RuntimeState, model: Any) -> str:
         "worker": type(worker).__qualname__, "model": f"{type(model).__module__}.{type(model).__qualname__}",
         "config": _config(model), "num_steps": spec.num_steps, "topk": spec.topk,
         "num_draft_tokens": spec.num_draft_tokens, "tree": repr(spec.tree_choices),
-        "capacity": worker.chain_capacity, "device": str(args.device), "rows": worker.row_layout.describe(),
+        "capacity": chain_capacity(args), "device": str(args.device), "rows": worker.drafting.row_layout.describe(),
         "code": code_digest(),
     }, sort_keys=True)
 

@@ -48,7 +48,7 @@ def test_waiting_for_graphs_shows_units_done_of_all_on_stderr(capsys):
     engine = SpecDecodeEngine(args, target, head, backend="trace", capture="background")
     try:
         wait_with_progress(engine)
-        assert engine.worker.graphs_ready()
+        assert engine.worker.capture.ready()
     finally:
         engine.close()
     err = capsys.readouterr().err

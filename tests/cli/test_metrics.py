@@ -80,7 +80,7 @@ def worker(s=3):
 
 def drive(w, sizes, seed=0):
     for i, b in enumerate(sizes):
-        w.draft_forward(make_draft_input(b, w.topk, seed=seed + i))
+        w.draft_forward(make_draft_input(b, w.spec.topk, seed=seed + i))
 
 
 # ---- the engine, its report and the docs ----------------------------------------------------------
@@ -99,13 +99,13 @@ def simulated():
 def phased_worker():
     """A worker whose states hold one host phase ("verify@8": a tiny step over x [rows, 4]),
     captured with trace at sizes 1, 2, 4; one replay at b=2 and one eager step above the largest."""
-    from draftgraph.runtime.worker.base import GraphStep
+    from draftgraph.runtime.worker.host_phases import GraphStep
 
     def provider(spec, rows):
         return {"verify@8": GraphStep(lambda x: x * 2 + 1, {"x": torch.zeros(rows, 4)}, {"x": 0})}
 
     w = EagleDraftWorker(args_for(3), MODEL)
-    w.set_phase_provider(provider)
+    w.capture.set_phase_provider(provider)
     w.capture_graphs("trace")
     phases = w.state.replayable_phases()
     manager, plan = phases.lookup("verify@8", 2)
@@ -132,7 +132,7 @@ def test_phase_series_count_a_states_phases():
 def test_a_target_only_state_holds_the_phases_for_spec_none_and_is_labelled_s0():
     """`build_target_state`: no draft graphs, the provider's phases for spec None (a step that
     drafts nothing) at its sizes; active, the worker's series say S = 0 and label it apart."""
-    from draftgraph.runtime.worker.base import GraphStep
+    from draftgraph.runtime.worker.host_phases import GraphStep
 
     asked = []
 
@@ -142,7 +142,7 @@ def test_a_target_only_state_holds_the_phases_for_spec_none_and_is_labelled_s0()
         return {"verify@8": GraphStep(lambda x: x + 1, {"x": torch.zeros(rows, width)}, {"x": 0})}
 
     w = EagleDraftWorker(args_for(3), MODEL)
-    w.set_phase_provider(provider)
+    w.capture.set_phase_provider(provider)
     plain = w.build_target_state([2, 4], "trace")
     assert asked == [None] and plain.target_only and plain.graphs is None and not plain.has_graphs
     manager = plain.replayable_phases().managers["verify@8"]

@@ -38,7 +38,7 @@ def test_reload_is_budgeted_whole_before_anything_is_allocated(make_engine):
     for _ in range(4):
         engine.step()
     assert (proc.memory_info().rss - rss0) < 200 * 2**20  # flat: nothing was built
-    assert engine.args.max_running_requests == 8 and engine.worker.reload_log.succeeded == 0
+    assert engine.args.max_running_requests == 8 and engine.worker.reloads.log.succeeded == 0
 
 
 def test_reload_file_cannot_raise_the_memory_limit_but_may_lower_it(make_engine):
@@ -51,8 +51,8 @@ def test_reload_file_cannot_raise_the_memory_limit_but_may_lower_it(make_engine)
         engine.request_reload(engine_args(SpeculativeConfig(2, 1), max_bs=8, running=8, max_state_bytes=4096))
     # the operator's own configuration may raise it
     big = make_engine(args=engine_args(max_bs=8, running=8, max_state_bytes=8 << 30))
-    big.worker.check_reload(raised)  # checked only: nothing is built
-    assert engine.worker.state_bytes_limit == 1 << 30 and big.worker.state_bytes_limit == 8 << 30
+    big.worker.reloads.check(raised)  # checked only: nothing is built
+    assert engine.worker.budget.limit == 1 << 30 and big.worker.budget.limit == 8 << 30
 
 
 # ---- item 5: the metrics server -----------------------------------------------------------------

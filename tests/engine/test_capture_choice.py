@@ -54,8 +54,8 @@ def test_an_auto_engine_says_what_it_chose_and_a_fill_serves_every_step_from_gra
         assert start["capture"] == mode and start["capture_choice"]["mode"] == mode
         assert start["capture_choice"]["cores"] == cores
         if mode == "fill":  # every unit done before the constructor returned: no step waits for one
-            assert engine.worker.graphs_ready() and start["graphs_ready_s"] is not None
-            assert engine.worker.compile_process.size == 1  # back to one process once serving starts
+            assert engine.worker.capture.ready() and start["graphs_ready_s"] is not None
+            assert engine.worker.capture.compile_process.size == 1  # back to one process once serving starts
             outs = engine.generate([list(p) for p in prompts()[:4]], 12)
             st = engine.stats()
             assert st["eager_steps"] == 0 and st["graph_replays"] > 0
@@ -136,7 +136,7 @@ _EXITING = textwrap.dedent("""
     engine = SpecDecodeEngine(args, target, draft, backend=sys.argv[1], capture="background",
                               adaptive_steps=[1, 2, 3])
     time.sleep(float(sys.argv[2]))
-    assert engine.worker.capture_queue.pending() > 0, "nothing pending: the test proves nothing"
+    assert engine.worker.capture.queue.pending() > 0, "nothing pending: the test proves nothing"
     print("EXITING", time.monotonic(), flush=True)
 """)
 

@@ -17,7 +17,7 @@ from draftgraph.runtime.engine.limits import MAX_VERIFY_WIDTH
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.greedy import greedy_generate
 from draftgraph.runtime.worker import stored_steps
-from draftgraph.runtime.worker.base import GraphStep
+from draftgraph.runtime.worker.host_phases import GraphStep
 
 PHASES = ("verify", "extend")
 TREE = SpeculativeConfig(3, 2, 6)  # N = 6 tree tokens, S + 1 = 4 accepted rows at most
@@ -257,8 +257,8 @@ def test_the_multi_layer_draft_graphs_its_verify():
 def test_a_phase_provider_must_be_callable(make_worker):
     worker = make_worker(backend=None)
     with pytest.raises(TypeError, match="provider=5: must be callable"):
-        worker.set_phase_provider(5)
-    assert worker.phase_provider is None  # nothing half-set
+        worker.capture.set_phase_provider(5)
+    assert worker.capture.phase_provider is None  # nothing half-set
 
 
 def _steps(spans) -> list[tuple[dict, list[dict]]]:

@@ -152,9 +152,9 @@ def test_a_reload_under_a_schedule_captures_only_band_states(capture):
     engine.request_reload(_args(SpeculativeConfig(4, 1), schedule="1:4,3:2"))
     engine.step()
     assert engine.worker.generation == 1
-    record = engine.worker.reload_history[-1]
+    record = engine.worker.reloads.history[-1]
     assert record["ok"] and record["capture_s"] == 0.0 and record["capture_bytes"] == 0  # no full grid
-    assert engine.worker.wait_graphs(120)
+    assert engine.worker.capture.wait(120)
     states = engine.policy.states()
     assert sorted(tuple(s.capture_sizes) for s in states) == [(1, 2), (3, 4, 5, 6, 7, 8)]
     assert all(s.graphs is not None for s in states)

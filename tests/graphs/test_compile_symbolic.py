@@ -119,7 +119,7 @@ def _background_worker(monkeypatch) -> EagleDraftWorker:
     args = RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))))
     w = EagleDraftWorker(args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
     w.capture_graphs("compile", background=True)
-    assert w.wait_graphs(600)
+    assert w.capture.wait(600)
     return w
 
 
@@ -133,7 +133,7 @@ def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch)
     monkeypatch.setattr(compile_module, "compile_symbolic", lambda *a: calls.append(1))  # never here
     w = _background_worker(monkeypatch)
     backend = w.state.graphs._backend  # noqa: SLF001  # the counters of the backend it made
-    assert calls == [] and w.compile_process.compiles == 1 and w.compile_process.deaths == 0
+    assert calls == [] and w.capture.compile_process.compiles == 1 and w.capture.compile_process.deaths == 0
     assert backend.symbolic_compiles == 1 and sorted(backend.symbolic_sizes) == [1, 2, 4]
     assert all(v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
     # the startup figures count that one compile, not one per size checked against it
@@ -144,7 +144,7 @@ def test_the_symbolic_compile_runs_in_the_compile_process(tmp_path, monkeypatch)
         inp = make_draft_input(b, 2, seed=b)
         for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
             assert torch.equal(a, e), b
-    w.stop_capture()
+    w.capture.stop()
 
 
 def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(tmp_path, monkeypatch, caplog):
@@ -169,14 +169,14 @@ def test_a_compile_process_dying_in_the_symbolic_compile_leaves_that_size_eager(
     backend = graphs._backend  # noqa: SLF001  # the counters of the backend it made
     assert len(graphs.failed_sizes) == 1 and sorted((*graphs.captured_sizes, *graphs.failed_sizes)) == [1, 2, 4]
     assert backend.symbolic_compiles == 0 and backend.symbolic_sizes == []
-    assert w.capture_queue.units_failed == 1 and "died during the symbolic compile" in caplog.text
-    assert w.compile_process.compiles == 2  # the two other sizes, per size
+    assert w.capture.queue.units_failed == 1 and "died during the symbolic compile" in caplog.text
+    assert w.capture.compile_process.compiles == 2  # the two other sizes, per size
     ref = EagleDraftWorker(w.args, TinyDraftModel(vocab_size=64, hidden_size=32, seed=0))
     for b in (1, 2, 4):
         inp = make_draft_input(b, 2, seed=b)
         for a, e in zip(w.draft_forward(inp), ref.draft_forward(inp)):
             torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
-    w.stop_capture()
+    w.capture.stop()
 
 
 def _code_entries(folder):
@@ -212,7 +212,7 @@ def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size
     folder = tmp_path / "store"
     _use_store(monkeypatch, folder)
     first = _background_worker(monkeypatch)
-    first.stop_capture()
+    first.capture.stop()
     assert len(_code_entries(folder)) == 1  # one artifact; each size's outputs in its manifest
     store = _use_store(monkeypatch, folder)  # a fresh store object, as a new process opens it
     monkeypatch.setattr(backend_trace, "record_graph", _no_recording)
@@ -223,14 +223,14 @@ def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size
     assert {b: (v.source, v.engine) for b, v in sizes.items()} == {b: ("loaded", "inductor") for b in (1, 2, 4)}
     backend = second.state.graphs._backend  # noqa: SLF001  # the counters of the backend it made
     assert backend.loaded == 3 and backend.symbolic_compiles == 0 and sorted(backend.symbolic_sizes) == [1, 2, 4]
-    assert store.hits == 1 and second.capture_queue.units_run == 0  # one load serves the state
+    assert store.hits == 1 and second.capture.queue.units_run == 0  # one load serves the state
     for b in (1, 3, 4):
         inp = make_draft_input(b, 2, seed=b)
         for a, e in zip(second.draft_forward(inp), first.draft_forward(inp)):
             assert torch.equal(a, e), b
     twin = second.build_runtime_state(3, 6, topk=2)  # the same structure: the same entry, loaded again
     assert {b: v.source for b, v in twin.graphs.stats.sizes.items()} == {b: "loaded" for b in (1, 2, 4)}
-    second.stop_capture()
+    second.capture.stop()
 
 
 def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkeypatch, caplog):
@@ -238,7 +238,7 @@ def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkey
 
     folder = tmp_path / "store"
     _use_store(monkeypatch, folder)
-    _background_worker(monkeypatch).stop_capture()
+    _background_worker(monkeypatch).capture.stop()
     (victim,) = _code_entries(folder)
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -248,8 +248,8 @@ def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkey
         w = _background_worker(monkeypatch)
     assert store.refused == 1 and str(victim) in caplog.text
     assert {v.source for v in w.state.graphs.stats.sizes.values()} == {"recorded"}
-    assert w.compile_process.compiles == 1 and victim.exists()  # compiled once more and stored again
-    w.stop_capture()
+    assert w.capture.compile_process.compiles == 1 and victim.exists()  # compiled once more and stored again
+    w.capture.stop()
 
 
 def test_a_chain_step_that_drafts_nothing_is_stored_and_loaded(tmp_path, monkeypatch):

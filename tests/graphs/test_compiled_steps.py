@@ -57,7 +57,7 @@ def _worker(backend: str, model: TinyDraftModel, background: bool = False) -> Ea
     w = EagleDraftWorker(_args(), model)
     if backend != "eager":
         w.capture_graphs(backend, background=background)
-        assert w.wait_graphs(600)
+        assert w.capture.wait(600)
     return w
 
 
@@ -104,7 +104,7 @@ def test_a_second_worker_loads_every_size_without_recording(stored_folder, monke
     w = _worker("compile", TinyDraftModel(seed=0), background=True)  # queued: loaded at once
     assert _sources(w) == {1: "loaded", 2: "loaded"}
     assert all(v.compile_s == 0.0 and v.engine == "inductor" for v in w.state.graphs.stats.sizes.values())
-    assert store.hits == len(SIZES) and w.capture_queue.units_run == 0
+    assert store.hits == len(SIZES) and w.capture.queue.units_run == 0
     eager = _worker("eager", TinyDraftModel(seed=0))
     for b, seed in ((1, 3), (2, 4)):
         replays = w.counters.graph_replays
@@ -155,7 +155,7 @@ def test_a_changed_structure_misses(stored_folder, monkeypatch):
     _use_store(monkeypatch, stored_folder)
     w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(2, 2, 4), CudaGraphConfig(PhaseGraphConfig(bs=(1,)))),
                          TinyDraftModel(seed=0))
-    manager = w._new_manager(w.state, "compile")  # noqa: SLF001  # the worker's own manager, not captured
+    manager = w.capture._new_manager(w.state, "compile", background=False)  # noqa: SLF001  # the worker's own manager, not captured
     manager.begin()
     assert manager.load_stored() == 0 and manager.pending_sizes == (1,)
     manager.release()
@@ -200,7 +200,7 @@ def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_pat
     for spec in specs:
         w = EagleDraftWorker(RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=SIZES))), TinyDraftModel(seed=0))
         w.capture_graphs("compile", background=False)
-        w.stop_capture(60)
+        w.capture.stop(60)
     assert len(_code_entries(good)) == (2 if symbolic == "1" else 2 * len(SIZES))
     bad = tmp_path / "bad"
     store = _use_store(monkeypatch, bad)
@@ -215,7 +215,7 @@ def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_pat
             for b, seed in ((1, 5), (2, 6)):
                 for g, e in zip(_outputs(w, b, seed), _outputs(eager, b, seed)):
                     torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
-            w.stop_capture(60)
+            w.capture.stop(60)
     assert store.refused == len(moved)
     assert caplog.text.count("made under key") == len(moved)
     again = CompileStore(bad)
@@ -237,7 +237,7 @@ def test_a_fresh_process_loads_every_size(stored_folder):
         w = EagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 2, 6), CudaGraphConfig(PhaseGraphConfig(bs={SIZES!r}))),
                              TinyDraftModel(seed=0))
         w.capture_graphs("compile", background=True)
-        assert w.wait_graphs(600)
+        assert w.capture.wait(600)
         print(json.dumps({{s: v.source for s, v in w.state.graphs.stats.sizes.items()}}))
     """)
     env = {**os.environ, "DRAFTGRAPH_COMPILED": "1", "DRAFTGRAPH_COMPILED_DIR": str(stored_folder)}
@@ -254,24 +254,24 @@ def test_a_compile_process_that_dies_leaves_its_size_eager_and_serving_goes_on(t
     _use_store(monkeypatch, tmp_path / "store")
     monkeypatch.setenv("DRAFTGRAPH_COMPILE_PROCESS", "1")
     w = EagleDraftWorker(_args(), TinyDraftModel(seed=0))
-    process = w.compile_process
+    process = w.capture.compile_process
     with caplog.at_level(logging.WARNING):
         w.capture_graphs("compile", background=True)  # the compile process starts with the first unit
         deadline = time.monotonic() + 120
         while process.pid() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         os.kill(process.pid(), signal.SIGKILL)  # still importing torch: it cannot have answered
-        assert w.wait_graphs(600)
+        assert w.capture.wait(600)
     stats = w.state.graphs
     assert len(stats.failed_sizes) == 1 and len(stats.captured_sizes) == 1
-    assert process.deaths == 1 and process.compiles == 1 and w.capture_queue.units_failed == 1
+    assert process.deaths == 1 and process.compiles == 1 and w.capture.queue.units_failed == 1
     assert "compile process died" in caplog.text
     eager = _worker("eager", TinyDraftModel(seed=0))
     for b in SIZES:  # one size replays, the other serves eager ("capture_failed"); both are right
         for g, e in zip(_outputs(w, b, 5), _outputs(eager, b, 5)):
             torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
     assert w.counters.eager_steps_by_reason.get("capture_failed") == 1
-    w.stop_capture()
+    w.capture.stop()
 
 
 def test_a_closed_compile_process_starts_no_new_one():

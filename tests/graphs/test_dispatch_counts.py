@@ -28,7 +28,7 @@ from draftgraph.runtime import (
     SpeculativeConfig,
 )
 from draftgraph.runtime.testing import TinyDraftModel, make_draft_input
-from draftgraph.runtime.worker.base import GraphStep
+from draftgraph.runtime.worker.host_phases import GraphStep
 
 SIZES = (1, 2, 4)
 
@@ -184,12 +184,12 @@ def test_tree_replays_count_as_tree_path_calls():
 def test_draft_step_and_draft_tokens_have_fixed_types():
     w = worker(k=2, s=3, n=6)
     inp = make_draft_input(2, 2, hidden_size=32)
-    result = w.draft_step(w.state, inp.topk_p, inp.topk_index, inp.hidden_states)
+    result = w.drafting.step(w.state, inp.topk_p, inp.topk_index, inp.hidden_states)
     assert isinstance(result, DraftResult)
     parents, index, tokens = result
     assert index.shape == tokens.shape == (2, 5)
-    all_tokens = w.draft_tokens(w.state, inp.topk_p, inp.topk_index, inp.hidden_states)
+    all_tokens = w.drafting.tokens(w.state, inp.topk_p, inp.topk_index, inp.hidden_states)
     assert isinstance(all_tokens, torch.Tensor) and all_tokens.shape == (2, 2 + 2 * 4)
     assert torch.equal(tokens, all_tokens.gather(1, index))  # the organized tokens are chosen among them
-    step = w._graph_step(w.state, 4)
+    step = w.drafting.graph_step(w.state, 4, "cpu")
     assert isinstance(step, GraphStep) and set(step.static_inputs) == set(step.pad_values)

@@ -60,12 +60,19 @@ class FaultyWorker(EagleDraftWorker):
 
     fault = None
 
-    def _capture_into(self, state, backend):
-        if self.fault == "fail":
-            raise RuntimeError("injected capture failure")
-        if callable(self.fault):
-            self.fault()
-        return super()._capture_into(state, backend)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        capture = self.capture  # the worker's capture collaborator: its blocking capture is wrapped
+        real = capture.capture
+
+        def faulty(state, backend):
+            if self.fault == "fail":
+                raise RuntimeError("injected capture failure")
+            if callable(self.fault):
+                self.fault()
+            return real(state, backend)
+
+        capture.capture = faulty
 
 
 def captured_worker(args: RuntimeArgs) -> FaultyWorker:

@@ -42,7 +42,7 @@ def test_fast_path_equals_general_path(b, s, seed):
     want = organize_chain_steps(inp.topk_p, inp.topk_index, inp.hidden_states, s, s + 1)
     for j in range(3):
         assert_same(got[j], want[j], f"output {j}")
-    buf = worker.chain_buffers
+    buf = worker.state.chain_buffers
     if b <= CAPACITY:
         assert worker.counters.fast_path_hits == 1 and worker.counters.tree_path_calls == 0
         assert got[0].untyped_storage().data_ptr() == buf.parents.untyped_storage().data_ptr()
@@ -70,9 +70,10 @@ def test_closed_form_constants():
 
 def test_rebuild_same_key_returns_same_tensors():
     w = make_worker(3)
-    first = w.chain_buffers
-    again = w.rebuild_chain_buffers()
-    assert again is first and again.parents is first.parents
+    first = w.state.chain_buffers
+    with w.override_worker_state(3) as state:  # a new state for the same S: the same tensors
+        again = state.chain_buffers
+    assert state is not w.state and again is first and again.parents is first.parents
     assert (first.num_steps, first.capacity, str(first.device)) == (3, CAPACITY, "cpu")
 
 
@@ -89,14 +90,14 @@ def test_view_validation():
 def test_stale_steps_do_not_take_fast_path():
     """S changed without a rebuild: the key check refuses the old buffers, results stay right."""
     w = make_worker(3)
-    w.speculative_num_steps = 5  # raw write, no rebuild
+    w.state.spec = w.spec.with_steps(5)  # raw write, no rebuild
     inp = chain_input(4, 5, seed=1)
     got = w.draft_forward(inp)
     assert w.counters.fast_path_hits == 0 and w.counters.tree_path_calls == 1
     want = organize_chain_steps(inp.topk_p, inp.topk_index, None, 5, 6)
     for j in range(3):
         assert_same(got[j], want[j], f"output {j}")
-    w.rebuild_chain_buffers()
+    w.apply_runtime_state(w.build_runtime_state(5, capture_bs=[]))  # a state with buffers for S=5
     got = w.draft_forward(inp)
     assert w.counters.fast_path_hits == 1
     for j in range(3):

@@ -138,7 +138,7 @@ def test_build_tree_constant_route_equals_general(tree, b, seed):
     inp = draft_input(b, 4, seed)
     result = w.draft_forward(inp)
     parents, indices, tokens = result
-    assert result.layout is w.topology_buffers.verify  # views and copies above the capacity alike
+    assert result.layout is w.state.topology_buffers.verify  # views and copies above the capacity alike
     gen = torch.Generator().manual_seed(seed)
     verified = torch.randint(0, V, (b,), generator=gen)
     seq_lens = torch.randint(0, 100, (b,), generator=gen, dtype=torch.int32)
@@ -152,7 +152,7 @@ def test_build_tree_constant_route_equals_general(tree, b, seed):
         assert_same(getattr(fast, name), getattr(slow, name), name)
     if b <= CAPACITY:
         assert len(counter.compute) <= 2, counter.compute  # tokens (cat) and positions (add)
-        assert fast.tree_mask.data_ptr() == w.topology_buffers.verify.tree_mask.data_ptr()
+        assert fast.tree_mask.data_ptr() == w.state.topology_buffers.verify.tree_mask.data_ptr()
 
 
 def worker_for(spec, capture=None, model=MODEL, capacity=CAPACITY, device="cpu"):
@@ -198,7 +198,7 @@ def test_worker_tokens_equal_brute_force_eager(tree, b, seed):
     inp = draft_input(b, 4, seed)
     parents, indices, tokens = w.draft_forward(inp)
     assert_same(tokens, brute_force(choices, inp), "draft tokens")
-    buf = w.topology_buffers
+    buf = w.state.topology_buffers
     assert parents.shape == (b, buf.topology.parent_width) and indices.shape == (b, len(choices))
     if b <= CAPACITY:
         assert parents._base is buf.parents and indices._base is buf.score_indices
@@ -222,16 +222,16 @@ def test_worker_tokens_equal_brute_force_graph(choices):
     spec = SpeculativeConfig(depth, 4, tree_choices=choices)
     w = worker_for(spec, capture=(1, 4))
     w.capture_graphs("trace")
-    bare = w._graph_step(w.state, 4, organize=False)
+    bare = w.drafting.graph_step(w.state, 4, "cpu", organize=False)
     for b in (1, 3, 4, 5):
         inp = draft_input(b, 4, seed=b)
         replays = w.counters.graph_replays
         result = w.draft_forward(inp)
-        assert result.layout is w.topology_buffers.layout  # from a replay (b <= 4) and eager alike
+        assert result.layout is w.state.topology_buffers.layout  # from a replay (b <= 4) and eager alike
         got = [t.clone() for t in result]
         assert w.counters.graph_replays == replays + (1 if b <= 4 else 0)
         assert_same(got[2], brute_force(choices, inp), f"b={b} tokens")
-        assert torch.equal(got[0], w.topology_buffers.parents[:1].expand(b, -1))
+        assert torch.equal(got[0], w.state.topology_buffers.parents[:1].expand(b, -1))
     # organize adds no graph node: the captured step == the same step returning tokens only
     from draftgraph.graphs import GraphCaptureManager
 
@@ -246,7 +246,7 @@ def test_chain_shaped_tree_is_the_chain_through_the_same_buffers():
     """topk=2 with chain-shaped choices: bitwise the chain's outputs from the chain's tensors."""
     w = worker_for(SpeculativeConfig(3, 1), capture=(1, 2, 4))
     w.capture_graphs("trace")
-    chain_buf = w.topology_buffers
+    chain_buf = w.state.topology_buffers
     ptrs = (chain_buf.parents.data_ptr(), chain_buf.score_indices.data_ptr())
     inputs, wants = [], []
     for b in (1, 3, 4, 7):
@@ -274,7 +274,7 @@ def test_buffers_keep_data_ptr_across_override_switch_reload():
     static = SpeculativeConfig(3, 2, tree_choices=TREE)
     w = worker_for(static, capture=(1, 2))
     w.capture_graphs("trace")
-    buf = w.topology_buffers
+    buf = w.state.topology_buffers
     ptrs = [t.data_ptr() for t in (buf.parents, buf.score_indices, buf.verify.tree_mask)]
     inp = draft_input(2, 2, seed=3)
     before = [t.clone() for t in w.draft_forward(inp)]
@@ -282,7 +282,7 @@ def test_buffers_keep_data_ptr_across_override_switch_reload():
         w.capture_graphs("trace")
         w.draft_forward(draft_input(2, 1, seed=1))
     with w.override_worker_state(3, 8, capture_bs=[1]):  # a dynamic tree, topk 2
-        assert w.topology_buffers is None
+        assert w.state.topology_buffers is None
     states = [w.build_runtime_state(3, capture_bs=[1, 2], backend="trace", topk=2, tree_choices=TREE),
               w.build_runtime_state(2, capture_bs=[1, 2], backend="trace", topk=1),
               w.build_runtime_state(3, 6, capture_bs=[1, 2], backend="trace", topk=2)]
@@ -294,7 +294,7 @@ def test_buffers_keep_data_ptr_across_override_switch_reload():
         w.draft_forward(draft_input(2, k, seed=k))
     w.reload(RuntimeArgs(static, CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))),
                          max_running_requests=CAPACITY))
-    assert w.topology_buffers is buf  # the old state still held them while the new one was built
+    assert w.state.topology_buffers is buf  # the old state still held them while the new one was built
     assert [t.data_ptr() for t in (buf.parents, buf.score_indices, buf.verify.tree_mask)] == ptrs
     after = w.draft_forward(inp)
     for j in range(3):
@@ -319,10 +319,10 @@ def test_memory_flat_over_300_reloads_cycling_topologies():
     def reload(i: int) -> None:
         if i % 10 == 9:
             w.reload(graphs[i % 3], backend="trace")
-            w.draft_forward(draft_input(1, w.topk, seed=i))
+            w.draft_forward(draft_input(1, w.spec.topk, seed=i))
         else:
             w.reload(eager[i % 3])  # an eager state: nothing captured
-            w.draft_forward(draft_input(2, w.topk, seed=i))
+            w.draft_forward(draft_input(2, w.spec.topk, seed=i))
 
     assert_no_growth(reload, warmup=0, window=150, every=15, per_cycle=2 * 1024, noise_floor=2**20,
                      unit="reload")
@@ -342,7 +342,7 @@ def test_cuda_graph_static_tree(choices):
         inp = draft_input(b, 4, seed=b, device="cuda")
         result = w.draft_forward(inp)
         parents, indices, tokens = result
-        assert result.layout is w.topology_buffers.verify  # graph replay (b <= 4) and eager
+        assert result.layout is w.state.topology_buffers.verify  # graph replay (b <= 4) and eager
         cpu_inp = DraftInput(*(t.cpu() for t in (inp.topk_p, inp.topk_index, inp.hidden_states)))
         assert torch.equal(tokens.cpu(), brute_force(choices, cpu_inp, cpu_model))
         seq = torch.full((b,), 5, device="cuda")
@@ -353,7 +353,7 @@ def test_cuda_graph_static_tree(choices):
         for name in FIELDS:
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         if b <= 4:
-            assert fast.tree_mask.data_ptr() == w.topology_buffers.verify.tree_mask.data_ptr()
+            assert fast.tree_mask.data_ptr() == w.state.topology_buffers.verify.tree_mask.data_ptr()
 
 
 def test_build_tree_refuses_a_layout_of_another_tree():
@@ -361,12 +361,12 @@ def test_build_tree_refuses_a_layout_of_another_tree():
     spec = SpeculativeConfig(2, 4, tree_choices=((0,), (1,), (0, 0)))
     w = worker_for(spec)
     result = w.draft_forward(draft_input(2, 4, seed=0))
-    chain5 = worker_for(SpeculativeConfig(5, 1)).topology_buffers.layout  # 5 nodes
+    chain5 = worker_for(SpeculativeConfig(5, 1)).state.topology_buffers.layout  # 5 nodes
     args = (torch.tensor([1, 2]), *result, torch.tensor([5, 6]), 1, 2, spec.num_draft_tokens)
     with pytest.raises(ValueError, match=r"layout has 5 nodes: top_scores_index has 3 columns"):
         build_tree(*args, layout=chain5)
     with pytest.raises(TypeError, match="layout=TopologyBuffers: must be a VerifyConstants"):
-        build_tree(*args, layout=w.topology_buffers)
+        build_tree(*args, layout=w.state.topology_buffers)
 
 
 def test_draft_result_unpacks_as_sglang_s_three_tensors():
@@ -378,6 +378,6 @@ def test_draft_result_unpacks_as_sglang_s_three_tensors():
     assert all(a is b for a, b in zip((parents, indices, tokens), fields, strict=True))
     assert all(a is b for a, b in zip(result[:], fields, strict=True)) and len(result) == 3
     assert result[0] is parents and result[-1] is tokens
-    assert result.layout is w.topology_buffers.layout
+    assert result.layout is w.state.topology_buffers.layout
     with pytest.raises(AttributeError):
         result.layout = None  # frozen: the layout travels with the tensors it describes

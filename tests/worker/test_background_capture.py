@@ -37,15 +37,15 @@ def _same(got, want) -> bool:
 
 def test_steps_from_another_thread_equal_eager_while_graphs_publish(make_worker):
     w, ref = make_worker(SPEC, bs=SIZES, backend=None), make_worker(SPEC, bs=SIZES, backend=None)
-    w.capture_queue.max_wait_s = 0.0  # units back to back beside serving (not only when idle)
+    w.capture.queue.max_wait_s = 0.0  # units back to back beside serving (not only when idle)
     w.capture_graphs("trace", background=True)
-    assert not w.graphs_ready() and w.state.graphs.pending_sizes == SIZES
+    assert not w.capture.ready() and w.state.graphs.pending_sizes == SIZES
     errors: list[str] = []
     served = {"steps": 0}
 
     def serve() -> None:
         for _ in range(MAX_SERVE_ROUNDS):  # bounded by steps, not by the clock
-            if w.graphs_ready():
+            if w.capture.ready():
                 return
             for b in (1, 3, 6):
                 inp = make_draft_input(b, 2, seed=served["steps"])
@@ -58,7 +58,7 @@ def test_steps_from_another_thread_equal_eager_while_graphs_publish(make_worker)
     t.join(90)
     assert not t.is_alive(), "serving thread did not finish"
     assert errors == []
-    assert w.wait_graphs(30) and w.state.graphs.is_captured
+    assert w.capture.wait(30) and w.state.graphs.is_captured
     c = w.counters
     assert c.eager_steps_by_reason.get("not_ready", 0) > 0  # served eagerly while capturing
     before = c.graph_replays
@@ -77,11 +77,11 @@ def test_active_state_first_and_most_seen_sizes_first(monkeypatch, make_worker):
     other = w.build_runtime_state(2, 4, backend="trace", background=True)  # queued first
     w.capture_graphs("trace", background=True)  # the active state: captured before `other`
     for _ in range(5):
-        w.capture_queue.note_batch(6)  # padded 8: the size serving needs most
+        w.capture.queue.note_batch(6)  # padded 8: the size serving needs most
     order: list[tuple[int, int]] = []
-    while w.capture_queue.pending():
+    while w.capture.queue.pending():
         before = {id(s): set(s.graphs.captured_sizes) for s in (w.state, other)}
-        assert w.capture_pending(0.0) == 1
+        assert w.capture.run_pending(0.0) == 1
         for s in (w.state, other):
             new = set(s.graphs.captured_sizes) - before[id(s)]
             order += [(s.num_steps, size) for size in new]
@@ -95,8 +95,8 @@ def test_releasing_a_state_cancels_its_pending_units(make_worker):
     manager = state.graphs
     state.release()
     assert manager.pending_sizes == () and manager.captured_sizes == ()
-    assert w.capture_queue.pending() == 0 and w.graphs_ready()
-    assert w.wait_graphs(5)
+    assert w.capture.queue.pending() == 0 and w.capture.ready()
+    assert w.capture.wait(5)
 
 
 def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog, make_worker):
@@ -111,7 +111,7 @@ def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog, make_wo
         return real(backend, size, copies)
 
     manager._capture_one = fail_at_4
-    assert w.wait_graphs(30)
+    assert w.capture.wait(30)
     assert manager.captured_sizes == (2,) and set(manager.failed_sizes) == {4}
     for b in (2, 3):
         inp = make_draft_input(b, 2, seed=b)
@@ -123,20 +123,20 @@ def test_a_failed_unit_leaves_its_size_eager_and_serving_goes_on(caplog, make_wo
 def test_a_prepared_reload_commits_only_when_ready(make_worker):
     w = make_worker(SPEC, bs=SIZES, backend=None)
     w.capture_graphs("trace")
-    prepared = w.prepare_reload(_args(s=2, n=4), backend="trace", background=True)
+    prepared = w.reloads.prepare(_args(s=2, n=4), backend="trace", background=True)
     assert not prepared.ready and w.spec.num_steps == 3  # the old state keeps serving
-    assert w.wait_graphs(30) and prepared.ready and prepared.failed_sizes == {}
-    w.commit_reload(prepared)
+    assert w.capture.wait(30) and prepared.ready and prepared.failed_sizes == {}
+    w.reloads.commit(prepared)
     assert w.spec.num_steps == 2 and w.state.has_graphs and w.state.graphs.is_captured
 
 
 def test_stop_runs_no_further_unit(make_worker):
     w = make_worker(SPEC, bs=SIZES, backend=None)
     w.capture_graphs("trace", background=True)
-    assert w.stop_capture(30)  # True: the capture thread has ended (joined), not only been told
-    left = w.capture_queue.pending()
+    assert w.capture.stop(30)  # True: the capture thread has ended (joined), not only been told
+    left = w.capture.queue.pending()
     assert not [t for t in threading.enumerate() if t.name == "draftgraph-capture"]
-    assert w.capture_queue.pending() == left and w.capture_pending(0.0) == 0  # nothing more is captured
+    assert w.capture.queue.pending() == left and w.capture.run_pending(0.0) == 0  # nothing more is captured
     inp = make_draft_input(3, 2)
     w.draft_forward(inp)  # still serving
 
@@ -155,7 +155,7 @@ def test_engine_lossless_with_background_capture_and_startup_figures(backend):
     while engine.has_work():
         engine.step()
     assert [engine.result(i) for i in ids] == reference()[:6]
-    assert engine.worker.wait_graphs(300)
+    assert engine.worker.capture.wait(300)
     st = engine.startup()
     assert st["graphs_ready_s"] is not None and st["graphs_ready_s"] >= st["startup_s"]
     assert st["states"][0]["sizes_ready"] == [1, 2, 4] and st["capture_s"] > 0
@@ -190,7 +190,7 @@ def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, mak
     monkeypatch.setattr(capture_queue, "time", clock)  # the queue's pacing runs on the test's clock
     sizes = tuple(range(1, 9))
     w = make_worker(SPEC, bs=sizes, backend=None)
-    w.capture_queue.max_wait_s = 1.5
+    w.capture.queue.max_wait_s = 1.5
     started: queue.Queue[float] = queue.Queue()  # the clock when each unit started
     w.capture_graphs("trace", background=True)
     _inject(w.state.graphs, {s: (lambda: started.put(clock.now)) for s in sizes})
@@ -211,9 +211,9 @@ def test_a_busy_server_gets_a_unit_per_max_wait_an_idle_one_all(monkeypatch, mak
     clock.now += 1.0  # idle (no step for 1 s > IDLE_S): the rest at once, whatever the pacing
     for _ in range(8 - len(busy)):
         started.get(timeout=60)
-    assert w.stop_capture(60)  # the thread has ended: every unit published, none cancelled
-    assert started.empty() and w.capture_queue.units_cancelled == 0
-    assert w.state.graphs.captured_sizes == sizes and w.capture_queue.pending() == 0
+    assert w.capture.stop(60)  # the thread has ended: every unit published, none cancelled
+    assert started.empty() and w.capture.queue.units_cancelled == 0
+    assert w.state.graphs.captured_sizes == sizes and w.capture.queue.pending() == 0
 
 
 def test_units_that_compile_elsewhere_are_not_paced(monkeypatch, make_worker):
@@ -227,16 +227,16 @@ def test_units_that_compile_elsewhere_are_not_paced(monkeypatch, make_worker):
     monkeypatch.setattr(GraphCaptureManager, "compiles_elsewhere", property(lambda self: True))
     sizes = (1, 2, 4, 8)
     w = make_worker(SPEC, bs=sizes, backend=None)
-    w.capture_queue.max_wait_s = 1e9  # a paced unit would never start while busy
+    w.capture.queue.max_wait_s = 1e9  # a paced unit would never start while busy
     w.capture_graphs("trace", background=True)
-    assert w.capture_queue.paced() is False
+    assert w.capture.queue.paced() is False
     inp = make_draft_input(1, 2)
     for _ in range(MAX_SERVE_ROUNDS):  # busy: a step every 20 ms of the queue's clock
         clock.now += 0.02
         w.draft_forward(inp)
-        if not w.capture_queue.pending():
+        if not w.capture.queue.pending():
             break
-    assert w.state.graphs.captured_sizes == sizes and w.capture_queue.units_run == len(sizes)
+    assert w.state.graphs.captured_sizes == sizes and w.capture.queue.units_run == len(sizes)
 
 
 # ---- issue 32: units that raise anything, hang, or are cancelled ------------------------------
@@ -263,14 +263,14 @@ def test_a_unit_raising_system_exit_fails_alone_and_the_thread_goes_on(caplog, m
     w.capture_graphs("trace", background=True)
     manager = w.state.graphs
     _inject(manager, {2: _raise(SystemExit(3)), 4: _raise(KeyboardInterrupt())})
-    assert w.wait_graphs(60), f"capture thread died: {w.capture_queue.pending()} units pending"
+    assert w.capture.wait(60), f"capture thread died: {w.capture.queue.pending()} units pending"
     assert manager.captured_sizes == (1, 8) and set(manager.failed_sizes) == {2, 4}
-    q = w.capture_queue
+    q = w.capture.queue
     assert (q.units_run, q.units_failed) == (2, 2)
     assert "SystemExit" in caplog.text and "KeyboardInterrupt" in caplog.text
     # a later reload's units still land: the queue is alive
-    prepared = w.prepare_reload(_args(s=2, n=4), backend="trace", background=True)
-    assert w.wait_graphs(60) and prepared.ready and prepared.failed_sizes == {}
+    prepared = w.reloads.prepare(_args(s=2, n=4), backend="trace", background=True)
+    assert w.capture.wait(60) and prepared.ready and prepared.failed_sizes == {}
 
 
 def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkeypatch, make_worker):
@@ -281,10 +281,10 @@ def test_an_interrupt_in_a_calling_thread_unit_is_counted_then_propagates(monkey
     w.capture_graphs("trace", background=True)
     _inject(w.state.graphs, {1: _raise(KeyboardInterrupt())})
     with pytest.raises(KeyboardInterrupt):
-        w.capture_pending(10.0)
-    q = w.capture_queue
+        w.capture.run_pending(10.0)
+    q = w.capture.queue
     assert q.units_failed == 1 and q.pending() == 1  # counted; the other unit still queued
-    assert w.capture_pending(10.0) == 1 and q.pending() == 0 and q.units_run == 1
+    assert w.capture.run_pending(10.0) == 1 and q.pending() == 0 and q.units_run == 1
 
 
 def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancelled(caplog, make_worker):
@@ -299,13 +299,13 @@ def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancel
     _inject(w.state.graphs, {1: hang})
     try:
         assert entered.wait(30)
-        assert w.stop_capture(0.3) is False  # the thread still runs: said (it returned before the unit did)
-        q = w.capture_queue
+        assert w.capture.stop(0.3) is False  # the thread still runs: said (it returned before the unit did)
+        q = w.capture.queue
         assert q.units_cancelled == 3 and q.units_failed == 3  # 2, 4, 8 never ran
         assert "still running" in caplog.text and "3 pending capture units cancelled" in caplog.text
     finally:
         release.set()
-    assert w.stop_capture(30) is True
+    assert w.capture.stop(30) is True
 
 
 def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
@@ -313,7 +313,7 @@ def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
     from draftgraph.runtime.engine.report import graphs_eta
 
     w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
-    q = w.capture_queue
+    q = w.capture.queue
     assert graphs_eta(q, 0) is None
     release, entered = threading.Event(), threading.Event()
 
@@ -340,7 +340,7 @@ def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
         assert graphs_eta(q, 2, earlier_check_s=30.0)["basis"] == "measured"  # this run's units come first
     finally:
         release.set()
-    assert w.stop_capture(30)
+    assert w.capture.stop(30)
 
 
 def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
@@ -348,7 +348,7 @@ def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
     from draftgraph.runtime.engine.report import graphs_eta
 
     w = make_worker(SPEC, bs=(1, 2), backend=None)
-    q = w.capture_queue
+    q = w.capture.queue
     eta = graphs_eta(q, 2, compiles=1, earlier_compile_s=7.5, earlier_check_s=0.5)
     assert eta == {"pending": 2, "compiles": 1, "checks": 1, "per_compile_s": 7.5, "per_check_s": 0.5,
                    "compile_basis": "earlier runs", "check_basis": "earlier runs", "seconds": 8.0,

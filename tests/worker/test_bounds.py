@@ -43,7 +43,7 @@ def _serving() -> EagleDraftWorker:
 
 
 def _answer(w: EagleDraftWorker, b: int = 3) -> list[torch.Tensor]:
-    return [t.clone() for t in w.draft_forward(make_draft_input(b, w.topk, seed=b))]
+    return [t.clone() for t in w.draft_forward(make_draft_input(b, w.spec.topk, seed=b))]
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -36,5 +36,5 @@ def test_nan_hidden_names_the_row(monkeypatch):
 
 def test_off_without_debug(monkeypatch):
     w = _worker(monkeypatch, "0")
-    assert not w.debug_checks
+    assert not w.drafting.debug_checks
     w.draft_forward(_input([[1, 2], [3, 4]]))  # valid input runs

@@ -94,9 +94,9 @@ def workers(request):
 @pytest.mark.parametrize("b", [1, 3, 4, 6])  # exact, padded, exact, above the largest graph (eager)
 def test_named_rows_equal_packed_rows_eager_and_replayed(workers, b):
     named, packed = workers
-    inp = draft_input(b, named.topk, seed=b)
+    inp = draft_input(b, named.spec.topk, seed=b)
     ref = packed.draft_forward(DraftInput(inp.topk_p, inp.topk_index, pack(inp.hidden_states)))
-    eager = named.draft_step(named.state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
+    eager = named.drafting.step(named.state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
     got = named.draft_forward(inp)
     assert (got.replayed_at is not None) == (b <= max(SIZES))
     for j in range(3):
@@ -126,9 +126,9 @@ def test_worker_static_inputs_hold_the_integers_as_int64():
         t = static[f"hidden_states_{name}"]
         assert t.dtype is torch.int64 and t.shape == (max(SIZES),)
     assert static["hidden_states_ancestors"].shape == (max(SIZES), *ANC)
-    assert w.hidden_size is None
+    assert w.drafting.hidden_size is None
     # the memory estimate per row sums the leaves: feature and ancestors float32, three int64
-    assert w.row_layout.row_bytes() == D * 4 + 3 * 8 + ANC_SIZE * 4
+    assert w.drafting.row_layout.row_bytes() == D * 4 + 3 * 8 + ANC_SIZE * 4
 
 
 def _with(rows: DraftRows, **fields) -> DraftRows:

@@ -59,7 +59,7 @@ def test_random_weights_then_the_original_ones(backend):
     w = engine.stats()["draft_weights"]
     assert w["version"] == w["updates"] == 2 and w["updated_at"] is not None and not w["pending"]
     if backend == "trace":
-        assert engine.stats()["graph_replays"] > 0 and engine.worker.reload_log.requested == 0
+        assert engine.stats()["graph_replays"] > 0 and engine.worker.reloads.log.requested == 0
 
 
 def test_the_passed_model_is_copied():

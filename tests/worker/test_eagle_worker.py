@@ -40,15 +40,15 @@ def test_chain_fast_path_equals_general(b, s, seed):
     w = worker(s)
     inp = make_draft_input(b, 1, seed=seed)
     state = w.state
-    fast = w.draft_step(state, inp.topk_p, inp.topk_index, inp.hidden_states)
-    lists = w._tree_lists(s, 1, inp.topk_p, inp.topk_index, inp.hidden_states)
+    fast = w.drafting.step(state, inp.topk_p, inp.topk_index, inp.hidden_states)
+    lists = w.drafting._tree_lists(s, 1, inp.topk_p, inp.topk_index, inp.hidden_states)
     from draftgraph.runtime import organize_draft_results
     general = organize_draft_results(*lists, s + 1)
     for j in range(3):
         assert_same(fast[j], general[j], f"output {j}")
     if b <= CAPACITY:
         assert w.counters.fast_path_hits == 1
-        assert fast[1].untyped_storage().data_ptr() == w.chain_buffers.score_indices.untyped_storage().data_ptr()
+        assert fast[1].untyped_storage().data_ptr() == w.state.chain_buffers.score_indices.untyped_storage().data_ptr()
     else:
         assert w.counters.capacity_fallbacks == 1 and w.counters.tree_path_calls == 1
 
@@ -90,4 +90,4 @@ def test_counters_for_tree():
     w = worker(3, 4, 8)
     w.draft_forward(make_draft_input(3, 4))
     assert w.counters.tree_path_calls == 1 and w.counters.fast_path_hits == 0
-    assert w.chain_buffers is None
+    assert w.state.chain_buffers is None

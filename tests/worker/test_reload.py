@@ -41,7 +41,7 @@ def captured(args, model=MODEL):
 
 
 def outputs(w, b, seed):
-    return [t.clone() for t in w.draft_forward(make_draft_input(b, w.topk, seed=seed))]
+    return [t.clone() for t in w.draft_forward(make_draft_input(b, w.spec.topk, seed=seed))]
 
 
 class FailingModel(torch.nn.Module):
@@ -69,8 +69,8 @@ def test_reload_matches_fresh_worker(policy, new):
     fresh = captured(new)
     for b in (1, 2, 3, 4, 9):
         assert_pairs(outputs(w, b, b), outputs(fresh, b, b), f"{policy} b={b}")
-    assert w.counters.reloads == 1 and w.reload_history[-1]["ok"]
-    assert w.reload_history[-1]["capture_bytes"] > 0 and w.reload_history[-1]["capture_s"] > 0
+    assert w.counters.reloads == 1 and w.reloads.history[-1]["ok"]
+    assert w.reloads.history[-1]["capture_bytes"] > 0 and w.reloads.history[-1]["capture_s"] > 0
     assert w.state.has_graphs and w.counters.graph_replays > 0
 
 
@@ -103,9 +103,9 @@ def test_swap_failure_keeps_old_state_serving():
     replays = w.counters.graph_replays
     assert_pairs(outputs(w, 3, 1), before, "after failed swap")
     assert w.counters.graph_replays == replays + 1
-    assert w.counters.failed_reloads == 1 and not w.reload_history[-1]["ok"]
+    assert w.counters.failed_reloads == 1 and not w.reloads.history[-1]["ok"]
     w.reload(args_for(4))  # a later reload succeeds
-    assert w.speculative_num_steps == 4 and w.state.has_graphs
+    assert w.spec.num_steps == 4 and w.state.has_graphs
 
 
 def test_release_first_failure_serves_eager_then_recovers():
@@ -116,12 +116,12 @@ def test_release_first_failure_serves_eager_then_recovers():
     with pytest.raises(ReloadError, match="released first"):
         w.reload(args_for(4), policy="release_first")
     model.armed = False
-    assert w.state.graphs is None and w.speculative_num_steps == 3
+    assert w.state.graphs is None and w.spec.num_steps == 3
     eager_steps = w.counters.eager_steps
     assert_pairs(outputs(w, 2, 5), before, "eager after failed release_first")
     assert w.counters.eager_steps == eager_steps + 1
     w.reload(args_for(4), policy="release_first", backend="trace")
-    assert w.state.has_graphs and w.speculative_num_steps == 4
+    assert w.state.has_graphs and w.spec.num_steps == 4
 
 
 def test_invalid_reload_rejected_before_anything_changes():
@@ -170,13 +170,13 @@ def test_reload_on_signal_applies_at_next_step(tmp_path):
     uninstall = install_reload_signal(w, path)
     try:
         os.kill(os.getpid(), signal.SIGHUP)
-        assert w.speculative_num_steps == 3  # only requested
+        assert w.spec.num_steps == 3  # only requested
         out = w.draft_forward(make_draft_input(2, 1))
-        assert out[2].shape == (2, 5) and w.speculative_num_steps == 5 and w.state.has_graphs
+        assert out[2].shape == (2, 5) and w.spec.num_steps == 5 and w.state.has_graphs
         path.write_text("{not json")
         os.kill(os.getpid(), signal.SIGHUP)  # a bad file is logged, serving goes on
         w.draft_forward(make_draft_input(2, 1))
-        assert w.speculative_num_steps == 5
+        assert w.spec.num_steps == 5
     finally:
         uninstall()
 
@@ -215,9 +215,9 @@ def test_reload_from_thread_every_step_matches_its_state():
         except ValueError:
             # the state was swapped to another topk between building the input and the step
             continue
-        ran = w.last_state
+        ran = w.drafting.last_state
         seen.add(ran.spec.key)
-        want = w.draft_step(ran, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
+        want = w.drafting.step(ran, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
         assert_pairs(got, want, f"step {step} under {ran}")
     t.join()
     assert not errors, errors

@@ -46,7 +46,7 @@ def test_multi_layer_engine_refuses_more_steps_than_layers_when_asked():
     while engine.has_work():
         engine.step()
     assert [engine.pop_result(i) for i in ids] == reference()[:4]
-    assert engine.worker.speculative_num_steps == layers and engine.args.speculative.num_steps == layers
+    assert engine.worker.spec.num_steps == layers and engine.args.speculative.num_steps == layers
     assert engine.stats()["reloads"]["applied"] == 1
 
 
@@ -56,8 +56,8 @@ def test_engine_limits_are_checked_on_the_worker_path_too():
     with pytest.raises(ValueError, match="num_draft_tokens=40: the engine verifies at most 32"):
         engine.worker.request_reload(_args(SpeculativeConfig(3, 8, 40)))
     with pytest.raises(ValueError, match="topk=9: the engine keeps 8"):
-        engine.worker.check_reload(_args(SpeculativeConfig(2, 9, 10)))
-    assert engine.worker.slot.pending is None and engine.worker.reload_log.requested == 0
+        engine.worker.reloads.check(_args(SpeculativeConfig(2, 9, 10)))
+    assert engine.worker.slot.pending is None and engine.worker.reloads.log.requested == 0
 
 
 # ---- 2. the backend belongs to the worker -----------------------------------------------------------
@@ -72,7 +72,7 @@ def test_reload_after_a_failed_capture_captures_again(policy):
     assert w.state.has_graphs == (policy == "swap")  # release_first: eager meanwhile
     w.reload(args_for(2), policy=policy)  # no backend given: the worker's own
     assert w.state.has_graphs and w.state.graphs.backend_name == "trace"
-    assert w.reload_history[-1]["ok"] and w.reload_history[-1]["capture_s"] > 0
+    assert w.reloads.history[-1]["ok"] and w.reloads.history[-1]["capture_s"] > 0
     replays = w.counters.graph_replays
     w.draft_forward(make_draft_input(2, 1, seed=1))
     assert w.counters.graph_replays == replays + 1
@@ -84,19 +84,20 @@ def test_engine_release_first_failure_then_success_captures_again():
                               capture="blocking")
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:4]]
     engine.step()
-    real = engine.worker._capture_into
+    capture = engine.worker.capture
+    real = capture.capture
 
     def failing(state, backend):
         raise RuntimeError("injected capture failure")
 
-    engine.worker._capture_into = failing
+    capture.capture = failing
     engine.request_reload(_args(SpeculativeConfig(2, 1)), policy="release_first")
     engine.step()  # the reload fails; the old configuration serves eager
     assert engine.worker.state.graphs is None and engine.stats()["reloads"]["failed"] == 1
-    engine.worker._capture_into = real
+    capture.capture = real
     engine.request_reload(_args(SpeculativeConfig(4, 1)), policy="release_first")
     engine.step()
-    assert engine.worker.state.has_graphs and engine.worker.speculative_num_steps == 4
+    assert engine.worker.state.has_graphs and engine.worker.spec.num_steps == 4
     replays = engine.worker.counters.graph_replays
     while engine.has_work():
         engine.step()
@@ -115,7 +116,7 @@ def test_superseded_requests_are_counted_and_logged(caplog):
         engine.step()
     r = engine.stats()["reloads"]
     assert (r["requested"], r["applied"], r["failed"], r["superseded"]) == (100, 1, 0, 99)
-    assert engine.worker.speculative_num_steps == 5 and engine.args.speculative.num_steps == 5
+    assert engine.worker.spec.num_steps == 5 and engine.args.speculative.num_steps == 5
     lines = [rec.getMessage() for rec in caplog.records if "superseded by" in rec.getMessage()]
     assert len(lines) == 64  # the latest 64 by name, the rest in one line
     assert any("35 more reload requests were superseded" in rec.getMessage() for rec in caplog.records)
@@ -142,7 +143,7 @@ def test_reload_records_are_bounded_totals_are_not():
             sizes.append(len(json.dumps(engine.stats()["reloads"])))
     r = engine.stats()["reloads"]
     assert r["requested"] == r["applied"] == 200 and r["failed"] == r["superseded"] == 0
-    assert len(r["recent"]) == 64 and len(engine.worker.reload_history) == 64
+    assert len(r["recent"]) == 64 and len(engine.worker.reloads.history) == 64
     assert sizes[1] <= sizes[0] * 1.05  # 100 more reloads do not grow the stats
     assert done > 0
 
@@ -183,9 +184,9 @@ def test_request_on_the_worker_during_a_step_lands_at_the_next_boundary():
 
     head_copy.initial_state = interrupting
     engine.step()  # built for topk=1; the reload must not land inside it
-    assert fired and engine.worker.topk == 1
+    assert fired and engine.worker.spec.topk == 1
     engine.step()
-    assert engine.worker.topk == 2 and engine.args.speculative.topk == 2
+    assert engine.worker.spec.topk == 2 and engine.args.speculative.topk == 2
     while engine.has_work():
         engine.step()
     assert [engine.pop_result(i) for i in ids] == reference()[:4]
@@ -199,7 +200,7 @@ def test_direct_reload_of_an_engine_worker_is_refused_naming_request_reload():
     with pytest.raises(ReloadError, match="request_reload"):
         engine.worker.reload(_args(SpeculativeConfig(2, 1)))
     with pytest.raises(ReloadError, match="request_reload"):
-        engine.worker.prepare_reload(_args(SpeculativeConfig(2, 1)))
+        engine.worker.reloads.prepare(_args(SpeculativeConfig(2, 1)))
     with pytest.raises(ReloadError, match="request_reload"):
         with engine.worker.override_worker_state(2):
             pass
@@ -215,7 +216,7 @@ def test_direct_reload_of_an_engine_worker_is_refused_naming_request_reload():
     t.start()
     t.join(timeout=30)
     assert not t.is_alive() and len(errors) == 1
-    assert engine.worker.generation == 0 and engine.worker.speculative_num_steps == 3
+    assert engine.worker.generation == 0 and engine.worker.spec.num_steps == 3
     while engine.has_work():
         engine.step()
     assert [engine.pop_result(i) for i in ids] == reference()[:2]
@@ -236,7 +237,7 @@ def test_sighup_on_the_engine_worker_reaches_the_engine(tmp_path):
         engine.step()
     finally:
         uninstall()
-    assert engine.args.speculative.topk == 2 and engine.worker.topk == 2
+    assert engine.args.speculative.topk == 2 and engine.worker.spec.topk == 2
     while engine.has_work():
         engine.step()
     assert [engine.pop_result(i) for i in ids] == reference()[:4]
@@ -247,5 +248,5 @@ def test_bare_worker_still_applies_its_own_requests():
     w.request_reload(RuntimeArgs(SpeculativeConfig(2, 1)))
     w.request_reload(RuntimeArgs(SpeculativeConfig(4, 1)))
     w.draft_forward(make_draft_input(2, 1, seed=0))
-    assert w.speculative_num_steps == 4
-    assert w.reload_log.totals() == {"requested": 2, "applied": 1, "failed": 0, "superseded": 1}
+    assert w.spec.num_steps == 4
+    assert w.reloads.log.totals() == {"requested": 2, "applied": 1, "failed": 0, "superseded": 1}

@@ -32,11 +32,11 @@ def make_worker(s=3, k=1, n=None, capture=True):
 def check_replays_match_eager(w, bs=(1, 3, 8), seed=0):
     state = w.state
     for b in bs:
-        inp = make_draft_input(b, w.topk, seed=seed + b)
+        inp = make_draft_input(b, w.spec.topk, seed=seed + b)
         replays = w.counters.graph_replays
         got = [t.clone() for t in w.draft_forward(inp)]
         assert w.counters.graph_replays == replays + 1, "expected a graph replay"
-        want = w.draft_step(state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
+        want = w.drafting.step(state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
         for j in range(3):
             assert_same(got[j], want[j], f"S={state.num_steps} b={b} output {j}")
 
@@ -54,18 +54,18 @@ def churn(nbytes_like: torch.Tensor, rounds: int = 200) -> None:
 def test_override_restores_same_buffers_and_graphs():
     w = make_worker(3)
     original = w.state
-    buf = w.chain_buffers
+    buf = w.state.chain_buffers
     ptrs = (buf.parents.data_ptr(), buf.score_indices.data_ptr())
     contents = (buf.parents.clone(), buf.score_indices.clone())
     with w.override_worker_state(5, 6) as temp:
-        assert w.state is temp and w.speculative_num_steps == 5
-        assert w.chain_buffers.num_steps == 5 and w.chain_buffers is not buf
+        assert w.state is temp and w.spec.num_steps == 5
+        assert w.state.chain_buffers.num_steps == 5 and w.state.chain_buffers is not buf
         w.capture_graphs("trace")
         check_replays_match_eager(w)
         churn(buf.parents)
     churn(buf.score_indices)
-    assert w.state is original and w.speculative_num_steps == 3
-    assert w.chain_buffers is buf
+    assert w.state is original and w.spec.num_steps == 3
+    assert w.state.chain_buffers is buf
     assert (buf.parents.data_ptr(), buf.score_indices.data_ptr()) == ptrs
     assert torch.equal(buf.parents, contents[0]) and torch.equal(buf.score_indices, contents[1])
     check_replays_match_eager(w)
@@ -77,10 +77,10 @@ def test_override_restores_on_exception_and_nests():
     with pytest.raises(RuntimeError, match="boom"):
         with w.override_worker_state(4, 5):
             with w.override_worker_state(2, 3, capture_bs=[]):
-                assert w.speculative_num_steps == 2 and w.state.capture_sizes == ()
-            assert w.speculative_num_steps == 4
+                assert w.spec.num_steps == 2 and w.state.capture_sizes == ()
+            assert w.spec.num_steps == 4
             raise RuntimeError("boom")
-    assert w.state is original and w.speculative_num_steps == 3
+    assert w.state is original and w.spec.num_steps == 3
 
 
 def test_override_validates_before_changing_anything():
@@ -98,13 +98,13 @@ def test_override_validates_before_changing_anything():
 def test_override_on_multi_layer_worker():
     w = MultiLayerEagleDraftWorker(RuntimeArgs(SpeculativeConfig(3, 1),
                                                CudaGraphConfig(PhaseGraphConfig(max_bs=8))))
-    buf = w.chain_buffers
+    buf = w.state.chain_buffers
     with w.override_worker_state(5, 6):
         inp = make_draft_input(4, 1)
         wide = type(inp)(torch.rand(4, 5), torch.zeros(4, 5, dtype=torch.long))
         out = w.draft_forward(wide)
         assert out[1].shape == (4, 5) and w.counters.fast_path_hits == 1
-    assert w.chain_buffers is buf
+    assert w.state.chain_buffers is buf
 
 
 def test_switching_among_built_states():
@@ -114,7 +114,7 @@ def test_switching_among_built_states():
     order = [0, 2, 1, 1, 0, 2, 0, 1, 2, 2, 0]
     for rounds, i in enumerate(order * 3):
         w.apply_runtime_state(states[i])
-        assert w.speculative_num_steps == states[i].num_steps
+        assert w.spec.num_steps == states[i].num_steps
         check_replays_match_eager(w, bs=(1 + rounds % 8,), seed=rounds)
     assert w.counters.switches == len(order) * 3
 
@@ -143,7 +143,7 @@ def test_adaptive_controller_follows_acceptance():
     assert ctl.step() == 6  # no observation yet: the largest
     for _ in range(10):
         s = ctl.step(0.2)  # poor acceptance: step down
-    assert s == 2 and w.speculative_num_steps == 2  # smallest S >= ema + 1 (ema -> 0.2)
+    assert s == 2 and w.spec.num_steps == 2  # smallest S >= ema + 1 (ema -> 0.2)
     for _ in range(10):
         s = ctl.step(5.5)
     assert s == 6

@@ -34,7 +34,7 @@ def tree_worker() -> EagleDraftWorker:
 
 
 def eager(w: EagleDraftWorker, inp):
-    return w.draft_step(w.state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
+    return w.drafting.step(w.state, inp.topk_p, inp.topk_index, inp.hidden_states, count=False)
 
 
 def checksum(w: EagleDraftWorker) -> list[torch.Tensor]:
@@ -54,7 +54,7 @@ def test_tree_graph_equals_eager(tree_worker, b, seed):
 
 
 def check_graph_equals_eager(w: EagleDraftWorker, b: int, seed: int) -> None:
-    inp = make_draft_input(b, w.topk, seed=seed, device=w.device)
+    inp = make_draft_input(b, w.spec.topk, seed=seed, device=w.args.device)
     before_replays = w.counters.graph_replays
     before_static = checksum(w)
     result = w.draft_forward(inp)
@@ -74,14 +74,14 @@ def check_graph_equals_eager(w: EagleDraftWorker, b: int, seed: int) -> None:
 def test_chain_graph_returns_chain_buffer_views(chain_worker):
     inp = make_draft_input(3, 1, seed=4)
     parents, score_indices, _ = chain_worker.draft_forward(inp)
-    buf = chain_worker.chain_buffers
+    buf = chain_worker.state.chain_buffers
     assert parents.untyped_storage().data_ptr() == buf.parents.untyped_storage().data_ptr()
     assert score_indices.untyped_storage().data_ptr() == buf.score_indices.untyped_storage().data_ptr()
 
 
 def test_node_counts_chain_organize_adds_nothing(chain_worker, tree_worker):
     st_chain = chain_worker.state
-    step, static, pads = chain_worker._graph_step(st_chain, SIZES[-1], organize=False)[:3]
+    step, static, pads = chain_worker.drafting.graph_step(st_chain, SIZES[-1], "cpu", organize=False)[:3]
     bare = GraphCaptureManager(step, static, SIZES, backend="trace", pad_values=pads)
     bare.capture()
     for s in SIZES:
@@ -94,7 +94,7 @@ def test_node_counts_chain_organize_adds_nothing(chain_worker, tree_worker):
 
 def test_graphs_refused_after_raw_step_change():
     w = captured_worker(1, s=3)
-    w.speculative_num_steps = 4  # no rebuild, no recapture
+    w.state.spec = w.spec.with_steps(4)  # a raw write: no rebuild, no recapture
     inp = make_draft_input(2, 1, seed=1)
     replays = w.counters.graph_replays
     got = w.draft_forward(inp)
@@ -121,8 +121,8 @@ def test_spans_emitted_by_worker():
     assert replay_attrs["bs"] == 3 and replay_attrs["padded"] == 4
     assert "organize_fast" in names  # the eager step above the largest size, within capacity
     assert dict(spans[names.index("eager_fallback")][1]) == {"bs": 20, "reason": "above_max"}
-    with record_spans() as spans:
-        w.rebuild_chain_buffers()
+    with record_spans() as spans, w.override_worker_state(3, capture_bs=[]):
+        pass
     assert [n for n, _ in spans] == ["rebuild"]
 
 
