@@ -21,7 +21,7 @@ from draftgraph.runtime.worker.contract import CONTRACT_MEMBERS, DraftWorker
 from draftgraph.runtime.worker.eagle import EagleDraftWorker
 from draftgraph.runtime.worker.multi_layer import MultiLayerEagleDraftWorker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOSTS = sorted((ROOT / "runtime" / "engine").glob("*.py")) + [ROOT / "runtime" / "ranks" / "coordinator.py",
                                                          ROOT / "runtime" / "prometheus.py"]
 WORKER_NAMES = {"worker"}  # a name, or an attribute of that name (self.worker, engine.worker, ...)
