@@ -130,7 +130,6 @@ SIZE_ALLOWED: dict[str, int] = {
     "draftgraph.runtime.worker.capture_queue:CaptureQueue": 316,  # the background capture thread and its pacing
     "draftgraph.runtime.worker.eagle:EagleDraftWorker": 308,  # issue 39 item 3 (the small worker)
     "draftgraph.runtime.worker.base:EagleDraftWorkerBase": 478,  # issue 39 item 3 (the small worker)
-    "draftgraph.runtime.engine.simulate:_run_simulation": 115,  # the simulate command's loop
     "draftgraph.runtime.ranks.coordinator:RankCoordinator": 312,  # rank messages, MAC and fingerprint
 }
 
