@@ -8,8 +8,9 @@ from __future__ import annotations
 from .backends import BACKEND_NAMES, resolve_backend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
 from .errors import GraphCaptureError, GraphDebugError
-from .manager import MISS_REASONS, GraphCaptureManager, Miss, ReplayPlan, StepOutput
+from .manager import MISS_REASONS, GraphCaptureManager, Miss
 from .protocol import CapturedGraph, GraphBackend
+from .replay import ReplayPlan, StepOutput
 from .sizes import (
     DEFAULT_MAX_BS,
     capture_batch_sizes,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["CaptureRecord", "ManagerStats", "ReplayCounters", "SizeStats", "SizeUsage"]
+__all__ = ["CaptureRecord", "ManagerStats", "ReplayCounters", "SizeStats", "SizeUsage", "manager_stats"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +130,17 @@ class ReplayCounters:
     def replays_up_to(self, size: int) -> int:
         """Replays of padded sizes <= ``size``."""
         return sum(u.replays for s, u in self.sizes.items() if s <= size)
+
+
+def manager_stats(backend: str, records: Mapping[int, CaptureRecord], counters: ReplayCounters,
+                  captures: int) -> ManagerStats:
+    """A manager's `ManagerStats`: one `SizeStats` per live graph (its capture ``records`` with
+    the usage ``counters`` hold for its size) and the run totals of ``counters``."""
+    sizes = {}
+    for s, rec in sorted(records.items()):
+        usage = counters.usage(s)
+        sizes[s] = SizeStats(s, rec.capture_s, rec.capture_bytes, rec.nodes, usage.replays, usage.pad_rows,
+                             rec.compile_s, rec.engine, rec.fallback, rec.source, rec.compiles)
+    return ManagerStats(backend=backend, sizes=MappingProxyType(sizes), captures=captures,
+                        replays=counters.replays, eager_fallbacks=counters.eager_fallbacks,
+                        eager_runs=counters.eager_runs, debug_checks=counters.debug_checks)

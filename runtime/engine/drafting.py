@@ -22,7 +22,7 @@ from ..models.multi_layer import MultiLayerDraft
 from .slot_state import SlotState, StepBatch
 from .verify import Acceptance
 
-__all__ = ["EagleDrafter", "MultiLayerDrafter", "KEEP_TOPK"]
+__all__ = ["EagleDrafter", "MultiLayerDrafter", "KEEP_TOPK", "make_drafter"]
 
 KEEP_TOPK = 8  # candidates kept per slot: a reload may raise topk up to this
 
@@ -184,3 +184,14 @@ class MultiLayerDrafter:
                alive: torch.Tensor) -> None:
         last = acc.path.gather(1, (acc.length - 1)[:, None])[:, :, None]  # [b, 1, 1]
         state.set_draft(batch.slots, hidden.gather(1, last.expand(-1, 1, hidden.shape[-1]))[:, 0], None)
+
+
+def make_drafter(args: RuntimeArgs, draft: object, n_slots: int) -> EagleDrafter | MultiLayerDrafter:
+    """The drafter for ``draft`` (an `HFEagleHead` or a `MultiLayerDraft`, which it then owns)
+    over ``n_slots`` slots; TypeError for any other model."""
+    if isinstance(draft, HFEagleHead):
+        return EagleDrafter(args, draft, n_slots)
+    if isinstance(draft, MultiLayerDraft):
+        return MultiLayerDrafter(args, draft, n_slots)
+    raise TypeError(f"draft={type(draft).__name__}: must be an HFEagleHead or a "
+                    f"MultiLayerDraft")

@@ -32,20 +32,19 @@ from draftgraph.runtime.worker.capture_queue import MAX_THREADS
 from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.weights import WeightRefit
 
-from ..models.hf_eagle import HFEagleHead
-from ..models.multi_layer import MultiLayerDraft
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
 from .capture_choice import CaptureChoice, choose_capture
-from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter
+from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter, make_drafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
-from .phases import EnginePhases, default_graph_phases, default_tiers
+from .phases import engine_phases
 from .pipeline import StepPipeline
 from .policy import FixedPolicy
 from .profiling import engine_step
 from .report import EngineReport
 from .request_table import RequestTable
 from .requests import RequestFailed
+from .scheduling import resolve_schedule
 from .slot_state import SlotState
 from .stats import EngineStats, accept_length
 
@@ -108,19 +107,8 @@ class SpecDecodeEngine:
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
-        if isinstance(draft, HFEagleHead):
-            self.drafter: EagleDrafter | MultiLayerDrafter = EagleDrafter(args, draft, self.max_slots + 1)
-        elif isinstance(draft, MultiLayerDraft):
-            self.drafter = MultiLayerDrafter(args, draft, self.max_slots + 1)
-        else:
-            raise TypeError(f"draft={type(draft).__name__}: must be an HFEagleHead or a "
-                            f"MultiLayerDraft")
-        if isinstance(schedule, str):
-            schedule = SpeculationSchedule.parse(schedule)
-        schedule = schedule if schedule is not None else args.schedule
-        if schedule is not None and adaptive_steps:
-            raise ValueError(f"adaptive_steps={list(adaptive_steps)} and schedule={schedule.text()!r}: give "
-                             f"the candidates per band in the schedule (\"1:3|4|5\") instead")
+        self.drafter: EagleDrafter | MultiLayerDrafter = make_drafter(args, draft, self.max_slots + 1)
+        schedule = resolve_schedule(schedule, args, adaptive_steps)
         adaptive = tuple(adaptive_steps) if adaptive_steps else ()
         self.worker: DraftWorker = self.drafter.worker
         limits = EngineLimits(self.worker, getattr(getattr(self.drafter, "draft_model", None), "max_steps", None),
@@ -141,7 +129,7 @@ class SpecDecodeEngine:
             self.worker.capture.set_compile_processes(self.capture_choice.compile_processes)
             self.worker.capture.queue.max_threads = max(self.worker.capture.queue.max_threads,
                                                         self.capture_choice.compile_processes)
-        self.phases = self._phases(backend, graph_phases, kv_tiers)
+        self.phases = engine_phases(target, self.cache, self.drafter, backend, graph_phases, kv_tiers)
         if self.phases is not None:
             self.worker.capture.set_phase_provider(self.phases)
         if backend != "eager":
@@ -178,22 +166,6 @@ class SpecDecodeEngine:
         finally:
             self.worker.capture.set_compile_processes(1)
             self.worker.capture.queue.max_threads = MAX_THREADS
-
-    def _phases(self, backend: str, graph_phases: Sequence[str] | None, kv_tiers: Sequence[int] | None
-                ) -> EnginePhases | None:
-        """The verify / extend phases every captured state holds (None: the eager backend, or no
-        phase asked for); ``graph_phases`` None: `default_graph_phases` of the backend;
-        ``kv_tiers`` None: `default_tiers` of the cache."""
-        if backend == "eager":
-            return None
-        if graph_phases is None:
-            graph_phases = default_graph_phases(resolve_backend(backend, device=self.cache.k[0].device))
-        elif isinstance(graph_phases, str) or not all(isinstance(p, str) for p in graph_phases):
-            raise TypeError(f"graph_phases={graph_phases!r}: must be a sequence of phase names or None")
-        if not graph_phases:
-            return None
-        tiers = default_tiers(self.cache.max_len) if kv_tiers is None else tuple(kv_tiers)
-        return EnginePhases(self.target, self.cache, self.drafter, tiers, graph_phases)
 
     # ---- what the engine serves ---------------------------------------------------------------
     @property

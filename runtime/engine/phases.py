@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import Miss, span, spans_active
+from draftgraph.graphs import Miss, resolve_backend, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.worker.host_phases import GraphStep
 
 from .slot_state import StepBatch
 from .verify import Acceptance, tree_verify_mask
 
-__all__ = ["EnginePhases", "PHASE_NAMES", "default_graph_phases", "default_tiers"]
+__all__ = ["EnginePhases", "PHASE_NAMES", "default_graph_phases", "default_tiers", "engine_phases"]
 
 PHASE_NAMES = ("verify", "extend")
 
@@ -212,3 +212,20 @@ class EnginePhases:
             eager()
 
         return self.run(state, f"extend@{self.tier(batch, width)}", inputs, run_eager)
+
+
+def engine_phases(target: Any, cache: Any, drafter: Any, backend: str, graph_phases: Sequence[str] | None,
+                  kv_tiers: Sequence[int] | None) -> EnginePhases | None:
+    """The verify / extend phases every captured state of an engine holds (None: the eager
+    backend, or no phase asked for); ``graph_phases`` None: `default_graph_phases` of the
+    backend; ``kv_tiers`` None: `default_tiers` of the cache."""
+    if backend == "eager":
+        return None
+    if graph_phases is None:
+        graph_phases = default_graph_phases(resolve_backend(backend, device=cache.k[0].device))
+    elif isinstance(graph_phases, str) or not all(isinstance(p, str) for p in graph_phases):
+        raise TypeError(f"graph_phases={graph_phases!r}: must be a sequence of phase names or None")
+    if not graph_phases:
+        return None
+    tiers = default_tiers(cache.max_len) if kv_tiers is None else tuple(kv_tiers)
+    return EnginePhases(target, cache, drafter, tiers, graph_phases)

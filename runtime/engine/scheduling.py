@@ -21,11 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftgraph.graphs.spans import span
-from draftgraph.runtime import AdaptiveStepController, SpeculativeConfig
+from draftgraph.runtime import AdaptiveStepController, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
 from draftgraph.runtime.worker.contract import DraftWorker
 
-__all__ = ["BandScheduler", "band_capture_sizes", "band_state_sizes", "check_schedule", "reload_state_specs"]
+__all__ = [
+    "BandScheduler", "band_capture_sizes", "band_state_sizes", "check_schedule", "reload_state_specs",
+    "resolve_schedule",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,19 @@ def band_state_sizes(grid: Sequence[int], band: ScheduleBand, graphs: bool, phas
     if not graphs or (band.off and not phases):
         return []
     return band_capture_sizes(grid, band)
+
+
+def resolve_schedule(schedule: SpeculationSchedule | str | None, args: RuntimeArgs,
+                     adaptive_steps: Sequence[int] | None) -> SpeculationSchedule | None:
+    """The schedule an engine serves: ``schedule`` (its text form parsed), else ``args.schedule``.
+    ValueError beside ``adaptive_steps``: a schedule gives its candidates per band."""
+    if isinstance(schedule, str):
+        schedule = SpeculationSchedule.parse(schedule)
+    schedule = schedule if schedule is not None else args.schedule
+    if schedule is not None and adaptive_steps:
+        raise ValueError(f"adaptive_steps={list(adaptive_steps)} and schedule={schedule.text()!r}: give "
+                         f"the candidates per band in the schedule (\"1:3|4|5\") instead")
+    return schedule
 
 
 def check_schedule(schedule: SpeculationSchedule, spec: SpeculativeConfig, max_steps: int | None) -> None:

@@ -232,16 +232,46 @@ def describe_models(target: Any, draft: Any, source: dict[str, str]) -> dict[str
     return {"target": f"{arch} through transformers from {source['target']}", "draft": head}
 
 
-def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
-                    reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
-    rss0 = _rss_mib()
-    target, draft, prompts, source = _models_and_prompts(cfg)
+@dataclass(frozen=True)
+class _Arrivals:
+    """The seeded workload: tokens asked per request and the loop step each arrives at."""
+
+    max_new: list[int]
+    steps: list[int]
+
+
+@dataclass(frozen=True)
+class _LoopRun:
+    """What the serving loop did: the ids it added, the results taken as they ended, its steps,
+    (step, time, tokens) when every graph was ready, start time and seconds, whether Ctrl-C
+    ended it, the profile's report, whether the capture stopped in time and the RSS it added."""
+
+    ids: list[int]
+    taken: dict[int, list[int]]
+    steps: int
+    ready: tuple[int, float, int] | None
+    start: float
+    loop_s: float
+    interrupted: bool
+    profile: Any
+    capture_stopped: bool
+    rss_mib: float
+
+
+def _arrivals(cfg: SimulationConfig, n: int) -> _Arrivals:
+    """Tokens per request and arrival steps of ``n`` requests, drawn from ``cfg.seed``."""
     rng = random.Random(cfg.seed)
-    max_new = [rng.randint(cfg.min_new, cfg.max_new) for _ in prompts]
+    max_new = [rng.randint(cfg.min_new, cfg.max_new) for _ in range(n)]
     arrivals, t = [], 0.0
-    for _ in prompts:
+    for _ in range(n):
         arrivals.append(int(t))
         t += rng.expovariate(cfg.arrival)
+    return _Arrivals(max_new, arrivals)
+
+
+def _engine_for(cfg: SimulationConfig, target: Any, draft: Any, rank: int | None,
+                registry: Any) -> SpecDecodeEngine:
+    """The simulated engine, under a `RankCoordinator` with ``rank``, its metrics in ``registry``."""
     # ranks capture blocking: every rank must replay the same graph at every step. A single
     # process asked to block fills instead: the units queued, compiled in a process per core and
     # waited for with a progress bar (the same graphs before the first step; the bar says how
@@ -257,9 +287,30 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     if registry is not None:
         from .metrics import register_engine_metrics
         register_engine_metrics(engine, registry)
+    return engine
+
+
+def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
+                    reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
+    rss0 = _rss_mib()
+    target, draft, prompts, source = _models_and_prompts(cfg)
+    work = _arrivals(cfg, len(prompts))
+    engine = _engine_for(cfg, target, draft, rank, registry)
     rss_setup = _rss_mib() - rss0
     if reload_signal is not None:
         reload_signal.attach(engine)  # one that came while loading is requested now
+    run = _serve(cfg, engine, prompts, work, rank, world_size, reload_signal)
+    outs = [run.taken[i] if i in run.taken else _take(engine, i) for i in run.ids]
+    report = _loop_report(engine, run, describe_models(target, draft, source), work.max_new)
+    report.update({"rss_setup_mib": rss_setup, "rss_loop_mib": run.rss_mib, "torch": torch.__version__})
+    return _with_baselines(report, cfg, engine, run, outs, target, draft, prompts, work, rank, reload_signal)
+
+
+def _serve(cfg: SimulationConfig, engine: SpecDecodeEngine, prompts: list[list[int]], work: _Arrivals,
+           rank: int | None, world_size: int, reload_signal: ProcessReloadSignal | None) -> _LoopRun:
+    """The loop: requests arrive at their steps, the reload at ``cfg.reload_at`` (by the last rank
+    only), one engine step per turn, with a token bar; Ctrl-C ends it. Then the capture stops."""
+    max_new, arrivals = work.max_new, work.steps
     bar = None
     quiet_bar = contextlib.ExitStack()  # log records above the bar while it is shown
     if cfg.progress:
@@ -304,12 +355,17 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         quiet_bar.close()
         if reload_signal is not None:
             reload_signal.detach()  # later signals are logged and ignored
-    rss_loop = _rss_mib() - rss1
-    outs = [taken[i] if i in taken else _take(engine, i) for i in ids]
+    return _LoopRun(ids, taken, step, ready, start, loop_s, interrupted, prof, capture_stopped, _rss_mib() - rss1)
+
+
+def _loop_report(engine: SpecDecodeEngine, run: _LoopRun, models: dict[str, str],
+                 max_new: list[int]) -> dict[str, Any]:
+    """The loop's figures, from the engine's stats after it."""
+    ids, loop_s, start = run.ids, run.loop_s, run.start
     st = engine.stats()
     report: dict[str, Any] = {
-        "models": describe_models(target, draft, source), "requests": len(ids),
-        "requests_failed": st["requests_failed"], "loop_steps": step, "requested_tokens": sum(max_new[:len(ids)]),
+        "models": models, "requests": len(ids),
+        "requests_failed": st["requests_failed"], "loop_steps": run.steps, "requested_tokens": sum(max_new[:len(ids)]),
         "tokens_generated": st["tokens_generated"], "loop_s": loop_s,
         "tokens_per_s": st["tokens_generated"] / loop_s if loop_s else 0.0,
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
@@ -321,19 +377,28 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"], "phases": st["phases"],
         "pad_rows": engine.worker.state.stats.pad_rows, **engine.startup(),
         "capture": engine.capture,
-        **_before_after_ready(ready, start, start + loop_s, st["tokens_generated"]),
+        **_before_after_ready(run.ready, start, start + loop_s, st["tokens_generated"]),
         "reloads": st["reloads"], "worker": st["worker"], "stage_s": st["stage_s"],
         "spec": st["spec"], "backend": engine.worker.state.graphs.backend_name
         if engine.worker.state.graphs is not None else "eager",
-        "rss_setup_mib": rss_setup, "rss_loop_mib": rss_loop, "torch": torch.__version__,
     }
-    if prof is not None:
-        report["profile"] = prof
+    return report
+
+
+def _with_baselines(report: dict[str, Any], cfg: SimulationConfig, engine: SpecDecodeEngine, run: _LoopRun,
+                    outs: list[list[int]], target: Any, draft: Any, prompts: list[list[int]], work: _Arrivals,
+                    rank: int | None, reload_signal: ProcessReloadSignal | None) -> dict[str, Any]:
+    """``report`` with the profile, the coordinator's figures, how the loop ended, and the eager
+    and greedy baselines over the same requests (those that arrived; ``outs``: their outputs)."""
+    ids, interrupted = run.ids, run.interrupted
+    max_new, arrivals = work.max_new, work.steps
+    if run.profile is not None:
+        report["profile"] = run.profile
     if engine.coordinator is not None:
         report["served_generations"] = engine.served
         report["coordinator"] = engine.coordinator.stats.as_dict()
     report["interrupted"] = interrupted
-    report["capture_stopped"] = capture_stopped
+    report["capture_stopped"] = run.capture_stopped
     if reload_signal is not None:
         report["sighup"] = reload_signal.as_dict()
     if cfg.eager_baseline and cfg.backend != "eager" and rank is None and not interrupted:

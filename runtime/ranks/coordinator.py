@@ -8,7 +8,7 @@ rank must replay the same state at every step. A `RankCoordinator` wraps one ran
   generation now serving. Every ``poll_every`` steps it polls: rank 0 (the leader) publishes
   its word for the round (its adaptive choice, and a reload when a proposal is pending); the
   others read it. Between polls no communication happens at all.
-- A reload is two-phase: every rank validates, builds and captures the new state aside
+- A reload is two-phase (`two_phase`): every rank validates, builds and captures the new state aside
   (`prepare_reload`) and votes; the leader decides (all ready: commit; else abort naming the
   failing or missing ranks) and every rank follows that one decision in the same `step()`
   call: all swap, or all keep the old state and log why. No rank serves a generation the
@@ -48,20 +48,20 @@ import torch
 import torch.distributed as dist
 
 from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import RELOAD_POLICIES, ReloadError
+from draftgraph.runtime.worker.reload import RELOAD_POLICIES
 
 from ..config import RuntimeArgs
 from ..validation import ConfigTypeError, require_positive_int
 from .auth import process_secret, warn_unauthenticated
-from .protocol import ProtocolError, RankProtocol, RankTimeout
+from .protocol import STORE_ERRORS, ProtocolError, RankProtocol, RankTimeout
+from .two_phase import ReloadOutcome, run_reload
 
 __all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankDivergenceError", "RankMismatchError",
            "RankTimeout", "startup_fingerprint", "state_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
-_STORE_ERRORS = (RuntimeError, dist.DistError)  # DistStoreError and socket errors of a dead store
-_POLL_ERRORS = (*_STORE_ERRORS, ProtocolError)  # ... and a store entry that breaks the schema
+_POLL_ERRORS = (*STORE_ERRORS, ProtocolError)  # a dead store, or a store entry that breaks the schema
 
 
 class ProposalRejected(ValueError):
@@ -361,7 +361,7 @@ class RankCoordinator:
             start = time.perf_counter()
             try:
                 self._announced = self._leader_take()
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._fault(f"proposal check at step {t} failed: {exc}")
             self.stats.polls += 1
             self.stats.poll_s += time.perf_counter() - start
@@ -398,51 +398,27 @@ class RankCoordinator:
 
     # ---- the two-phase reload ------------------------------------------------------------------
     def _run_reload(self, n: int) -> None:
-        """Prepare, vote, follow the one decision: every rank swaps or every rank keeps the old state."""
+        """Run reload ``n`` (`two_phase.run_reload`: every rank swaps or every rank keeps the old
+        state) and keep its record: counters, the agreed choice, the log and ``history``."""
         start = time.perf_counter()
-        proposer, args, policy, prepared, error = -1, None, "swap", None, None
-        try:
-            proposer, args, policy = self._proto.read_reload(n)
-            prepared = self.worker.reloads.prepare(args, policy)
-        except Exception as exc:  # any failure is a "no" vote: the others must not wait for it
-            error = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, (ReloadError, TypeError, ValueError, RankTimeout)):
-                logger.exception("rank %d: unexpected error preparing reload %d", self.rank, n)
-        prepare_s = time.perf_counter() - start
-        try:
-            self._proto.vote(n, error)
-            if self.is_leader:
-                votes, missing = self._proto.collect_votes(n)
-                reason = self._proto.decide(n, _abort_reason(votes, missing, self.timeout_s, n))
-                self._proto.release()
-            else:
-                reason = self._proto.await_decision(n)
-            self._proto.finish(n)
-        except _STORE_ERRORS as exc:
-            reason = f"rank {self.rank} lost the store during reload {n}: {exc}"
-            self._fault(reason)
-        spec = getattr(args, "speculative", None)
-        if reason is None and prepared is not None:
-            self.worker.reloads.commit(prepared)
+        out: ReloadOutcome = run_reload(self._proto, self.worker, n, self.timeout_s, self._fault)
+        if out.reason is None:
             self.stats.reloads += 1
             # an adaptive choice names a state of the old args (a schedule's band and S): every
             # rank serves the new args' initial choice until the leader's next word
             self._choice, self._leader_choice = None, 0
             logger.info("reload %d (proposed by rank %d) to %s committed on every rank; generation %d",
-                        n, proposer, spec, self.generation)
+                        n, out.proposer, out.spec, self.generation)
         else:
-            reason = reason or f"rank {self.rank} has no prepared state for reload {n}"
-            if prepared is not None:
-                self.worker.reloads.discard(prepared, reason)
             self.stats.aborted += 1
-            self.last_error = f"reload {n} (proposed by rank {proposer}, {spec}) aborted: {reason}"
+            self.last_error = f"reload {n} (proposed by rank {out.proposer}, {out.spec}) aborted: {out.reason}"
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
         seconds = time.perf_counter() - start
         self.stats.reload_s += seconds
         self.stats.forged = self._proto.forged
-        self.history.append({"event": "reload", "reload": n, "proposer": proposer, "spec": str(spec),
-                             "policy": policy, "ok": reason is None, "error": reason,
-                             "step": self.stats.steps - 1, "prepare_s": prepare_s, "seconds": seconds,
+        self.history.append({"event": "reload", "reload": n, "proposer": out.proposer, "spec": str(out.spec),
+                             "policy": out.policy, "ok": out.reason is None, "error": out.reason,
+                             "step": self.stats.steps - 1, "prepare_s": out.prepare_s, "seconds": seconds,
                              "generation": self.generation})
 
     def _fault(self, message: str) -> None:
@@ -451,12 +427,3 @@ class RankCoordinator:
         self.last_error = message
         logger.error("rank %d: %s; generation %d keeps serving", self.rank, message, self.generation)
 
-
-def _abort_reason(votes: dict[int, str | None], missing: tuple[int, ...], timeout_s: float,
-                  n: int) -> str | None:
-    """None when every rank is ready, else which ranks failed (with their errors) or are missing."""
-    parts = [f"rank {r} failed: {err}" for r, err in sorted(votes.items()) if err is not None]
-    if missing:
-        parts.append(f"rank {', '.join(map(str, missing))} did not vote on reload {n} "
-                     f"within {timeout_s:g} s")
-    return "; ".join(parts) or None

@@ -38,7 +38,7 @@ from . import wire
 from .auth import ForgedValue, SignedStore
 from .wire import ProtocolError
 
-__all__ = ["RankProtocol", "RankTimeout", "ProtocolError", "open_store", "FREE"]
+__all__ = ["RankProtocol", "RankTimeout", "ProtocolError", "open_store", "FREE", "STORE_ERRORS"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ _MARK = b"P"  # a proposer's mark on a round: the leader must look at the propos
 _ABSENT = b"\x00absent"  # expected value of `peek`: no rank writes it (every value is ASCII)
 _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
 _GC_BATCH = 256  # rounds deleted per background batch
+STORE_ERRORS = (RuntimeError, dist.DistError)  # DistStoreError and socket errors of a dead store
 
 
 def _encode(word: tuple[int, ...]) -> bytes:

@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from draftgraph.runtime import RuntimeArgs, SpeculativeConfig, spawn_ranks
-from draftgraph.runtime.ranks.coordinator import _abort_reason
 from draftgraph.runtime.ranks.launch import loopback_store
 from draftgraph.runtime.ranks.protocol import ProtocolError, RankProtocol
+from draftgraph.runtime.ranks.two_phase import abort_reason
 
 pytestmark = pytest.mark.slow  # the slow tier (make test-all, CI): rank processes and a hostile writer
 
@@ -127,7 +127,7 @@ def test_hostile_pickle_in_the_store_never_runs_and_fails_the_round(tmp_path, as
     leader.vote(1, None)
     votes, missing = leader.collect_votes(1)
     assert missing == () and votes[0] is None and votes[1].startswith("malformed vote: store key 'vote/1/1'")
-    reason = _abort_reason(votes, missing, 0.5, 1)
+    reason = abort_reason(votes, missing, 0.5, 1)
     assert reason is not None and "rank 1 failed: malformed vote" in reason  # the round aborts
     # a rank's proposal takes over a slot held by junk; a real proposal is read back as data
     args = RuntimeArgs(SpeculativeConfig(2, 1))

@@ -23,6 +23,7 @@ from draftgraph.runtime.worker.multi_layer import MultiLayerEagleDraftWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = sorted((ROOT / "runtime" / "engine").glob("*.py")) + [ROOT / "runtime" / "ranks" / "coordinator.py",
+                                                         ROOT / "runtime" / "ranks" / "two_phase.py",
                                                          ROOT / "runtime" / "prometheus.py"]
 WORKER_NAMES = {"worker"}  # a name, or an attribute of that name (self.worker, engine.worker, ...)
 # read with getattr and a default, outside the contract on purpose (name: why)
