@@ -4,7 +4,7 @@ the same engine eager, and speculation against target-only greedy decoding on th
 Steady decode: 128 new tokens per request (``--quick``: 16), chain S=3 (fixed), the default
 embedded models, 1, 4 and 16 requests (``--quick``: 1 and 4). Capture sizes up to 16
 (``max_bs=16``, 16 request slots); every graph is captured before timing (blocking capture,
-then `wait_graphs`), and one warm-up run of every case is left out. Cases, interleaved per
+then `worker.capture.wait`), and one warm-up run of every case is left out. Cases, interleaved per
 round (the order rotates), medians over the rounds:
 
   (a) ``engine eager``: the engine on the eager backend;

@@ -9,7 +9,7 @@ rank must replay the same state at every step. A `RankCoordinator` wraps one ran
   its word for the round (its adaptive choice, and a reload when a proposal is pending); the
   others read it. Between polls no communication happens at all.
 - A reload is two-phase (`two_phase`): every rank validates, builds and captures the new state aside
-  (`prepare_reload`) and votes; the leader decides (all ready: commit; else abort naming the
+  (`worker.reloads.prepare`) and votes; the leader decides (all ready: commit; else abort naming the
   failing or missing ranks) and every rank follows that one decision in the same `step()`
   call: all swap, or all keep the old state and log why. No rank serves a generation the
   others do not.

@@ -1,7 +1,7 @@
 """What a host (the engine, a rank coordinator) may use of a draft worker: `DraftWorker`.
 
 The engine and the coordinator type their worker against this `Protocol`, never against a
-concrete class, and use nothing of it that is not named here (tests/test_worker_contract.py
+concrete class, and use nothing of it that is not named here (tests/worker/test_worker_contract.py
 walks runtime/engine/, the rank coordinator and runtime/prometheus.py for it). Reloads and
 graph capture are collaborators the worker holds (``reloads``, ``capture``), each with its own
 small interface, so the worker's own surface stays small. `EagleDraftWorker` and
@@ -93,4 +93,4 @@ CONTRACT_MEMBERS = frozenset({
     "slot", "reloads", "capture", "budget", "weights", "args", "state", "spec", "generation", "counters",
     "live_states", "draft_forward", "capture_graphs", "build_runtime_state", "build_target_state",
     "apply_runtime_state", "reload", "request_reload",
-})  # every name `DraftWorker` declares (tests/test_worker_contract.py checks the two agree)
+})  # every name `DraftWorker` declares (tests/worker/test_worker_contract.py checks the two agree)

@@ -13,7 +13,7 @@ It keeps the `ReloadLog`.
 When an engine drives the worker (`attach_host`), every reload reaches it the same way: a
 request (the engine's, the worker's own, a signal handler's) taken at the engine's step
 boundary; direct calls outside the engine's step are refused. A host adds its own limits to
-the checks with `add_args_check`, so a reload it cannot serve is refused when requested.
+the checks with `add_check`, so a reload it cannot serve is refused when requested.
 """
 
 from __future__ import annotations
