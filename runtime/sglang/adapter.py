@@ -16,7 +16,7 @@ class comes from sglang, when sglang is loaded already. `runtime_args_from_sglan
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -27,7 +27,7 @@ from draftgraph.runtime.worker.state import DraftCounters
 from ..validation import require_positive_int
 from .config import published_server_args, sglang_chain_capacity
 
-__all__ = ["AdoptedChain", "SGLangChainHandle", "install_chain_buffers"]
+__all__ = ["AdoptedChain", "SGLangChainHandle", "SGLangDraftWorker", "install_chain_buffers"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,27 @@ _FORWARD = "draft_forward"
 _MISSING = object()
 
 
-def install_chain_buffers(worker: Any) -> SGLangChainHandle:
+@runtime_checkable
+class SGLangDraftWorker(Protocol):
+    """What the adapter reads of the SGLang draft worker it patches (SGLang's own worker, not a
+    draftgraph one, so draftgraph's `DraftWorker` contract does not apply). Besides these it
+    replaces ``_rebuild_topk1_chain_buffers`` (and, for the multi-layer worker, ``draft_forward``,
+    falling back to ``_draft_forward_organize``) and writes ``_topk1_parents_prealloc`` /
+    ``_topk1_score_indices_prealloc``: SGLang's names, checked at install."""
+
+    topk: int
+    """k of the draft (the chain's fast path needs 1)."""
+    speculative_num_steps: int
+    """S, read at every rebuild and step."""
+    speculative_num_draft_tokens: int
+    """N (a chain needs S + 1)."""
+    device: Any
+    """Where the chain buffers live."""
+    server_args: Any
+    """The capacity's source when SGLang published no server args."""
+
+
+def install_chain_buffers(worker: SGLangDraftWorker) -> SGLangChainHandle:
     """Patch one SGLang draft worker (an ``EagleDraftWorkerBase`` subclass) in place.
 
     Call it on the draft worker (``EAGLEWorkerV2._draft_worker`` / ``draft_worker``); tensors the
@@ -89,7 +109,7 @@ class SGLangChainHandle:
     may still be alive, and they are few (one per distinct S at one capacity).
     """
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: SGLangDraftWorker) -> None:
         self.worker = worker
         self.counters = DraftCounters()
         self.active: AdoptedChain | None = None

@@ -205,3 +205,32 @@ def test_chain_rule_holds_under_python_O(python_O):
     """)
     assert out.returncode == 0, out.stderr
     assert "ValueError speculative_num_draft_tokens=7 with topk=1" in out.stdout
+
+
+@pytest.mark.parametrize("module,name", [
+    ("sglang.srt.speculative.multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker"),
+    ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker")])
+def test_the_adapters_contract_names_what_sglangs_workers_assign(sg, module, name):
+    """`SGLangDraftWorker` (what the adapter reads of SGLang's worker) against SGLang's own source:
+    every attribute it names is assigned by the class or a base (``self.<name> =``), and the
+    methods it replaces or calls are defined there; a worker built as SGLang's __init__ leaves it
+    passes ``isinstance``, one without ``topk`` does not."""
+    import importlib
+    import inspect
+    import re
+
+    from draftgraph.runtime.sglang.adapter import SGLangDraftWorker
+
+    cls = getattr(importlib.import_module(module), name)
+    src = "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("sglang"))
+    members = [n for n in vars(SGLangDraftWorker).get("__annotations__", {})]
+    assert sorted(members) == ["device", "server_args", "speculative_num_draft_tokens", "speculative_num_steps",
+                               "topk"]
+    assert [n for n in members if not re.search(rf"self\.{n}\s*=", src)] == []
+    assert [n for n in ("_topk1_parents_prealloc", "_topk1_score_indices_prealloc")
+            if not re.search(rf"self\.{n}\s*=", src)] == []
+    assert re.search(r"def _rebuild_topk1_chain_buffers\b", src)
+    w = make_worker(sg)
+    assert isinstance(w, SGLangDraftWorker)
+    del w.topk
+    assert not isinstance(w, SGLangDraftWorker)
