@@ -54,8 +54,9 @@ def prefill_batch(target: HFTarget, prompts: Sequence[Sequence[int]]) -> tuple[o
 
 @torch.no_grad()
 def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
-                    max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each.
+                    max_new_tokens: int, eos_id: int | None = None) -> list[list[int]]:
+    """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each, or
+    with ``eos_id`` up to and including the first eos (decoding stops once every row has one).
 
     Prompts are prefilled one by one, then decoded together one token per forward."""
     _check_prompts(target, prompts, max_new_tokens)
@@ -66,6 +67,8 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
     slots = torch.arange(1, b + 1, device=dev)
     last = torch.tensor([o[0] for o in out], device=dev)
     for _ in range(max_new_tokens - 1):
+        if eos_id is not None and all(eos_id in o for o in out):
+            break
         lk = int(lens.max()) + 1
         mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
         logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
@@ -73,4 +76,6 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
         lens = lens + 1
         for o, t in zip(out, last.tolist()):
             o.append(t)
+    if eos_id is not None:
+        out = [o[:o.index(eos_id) + 1] if eos_id in o else o for o in out]
     return out

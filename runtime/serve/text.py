@@ -6,19 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["chat_prompt_ids", "decode_text", "encode_prompt", "TextCursor", "eos_id_of"]
+from ..models.prompt_file import encode_text as encode_prompt
+
+__all__ = ["chat_prompt_ids", "decode_text", "encode_prompt", "TextCursor"]
 
 REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a character not complete yet
-
-
-def eos_id_of(tokenizer: Any) -> int | None:
-    """The tokenizer's end-of-sequence id (the byte tokenizer's ``eos_id``, a transformers
-    tokenizer's ``eos_token_id``), or None."""
-    for name in ("eos_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -27,14 +19,6 @@ def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=True)
     except TypeError:  # the byte tokenizer skips them anyway; IdText takes the ids only
         return tokenizer.decode(list(ids))
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a completion prompt (no special tokens added: the text is the prompt)."""
-    try:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    except TypeError:  # the byte tokenizer and IdText take the text only
-        return list(tokenizer.encode(text))
 
 
 def plain_chat_text(messages: Sequence[dict[str, str]]) -> str:
