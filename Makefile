@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.draftgraph-installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install test test-all demo serve bench plots lint clean
+.PHONY: install test test-all demo serve bench bench-peers plots lint clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m scripts.bench_all $(if $(QUICK),--quick) $(BENCH_ARGS)
+
+# opt-in: llama.cpp (llama-cpp-python, built from source: about 6 minutes on 2 cores) for the
+# side-by-side rows of scripts/bench_real.py on the same GGUF file
+bench-peers: $(STAMP)
+	$(PY) -m pip install -q llama-cpp-python==0.3.36
 
 plots: $(STAMP)
 	$(PY) -m pip install -q "matplotlib>=3.7" "python-dateutil>=2.8,<3"

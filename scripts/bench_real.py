@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=4, help="chain S (default 4)")
     p.add_argument("--compiled", action="store_true", help="add generate with the static cache compiled")
     p.add_argument("--phases", action="store_true", help="add draftgraph with verify / extend graphs (trace)")
+    p.add_argument("--quick", action="store_true", help="the smoke run: one round of 8 tokens")
     a = p.parse_args(argv)
+    if a.quick:
+        a.rounds, a.new_tokens = 1, 8
     torch.set_num_threads(a.threads)
     choice = resolve_models(a.target, a.draft, "float32")
     folder, head = Path(choice.target), Path(choice.draft)
