@@ -165,9 +165,11 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
 
 def _info(ns: argparse.Namespace) -> int:
     from .capture_choice import choose_capture
+    from .loading import model_name
 
     args = build_args(ns)
-    out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
+    out = {"model": model_name(ns.target),
+           "speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
                            "tree_choices": args.speculative.tree_choices},
            "max_running_requests": args.max_running_requests, "decode_max_bs": args.decode.max_bs,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelChoice", "load_text_models", "model_source", "resolve_models"]
+__all__ = ["ModelChoice", "load_text_models", "model_name", "model_source", "resolve_models"]
 
 TOY = "toy"
 SMOLLM2 = "smollm2"
@@ -44,7 +44,7 @@ def resolve_models(target: str | None, draft: str | None, dtype: str | None = No
         kind = draft or "eagle"
         if kind not in DRAFT_KINDS:
             raise ValueError(f"--draft={kind!r}: with the toy target it must be one of {list(DRAFT_KINDS)}")
-        return ModelChoice(None, kind, dtype or "float64", "draftgraph-toy")
+        return ModelChoice(None, kind, dtype or "float64", model_name(TOY))
     if draft in DRAFT_KINDS:
         raise ValueError(f"--draft={draft!r}: the embedded drafts serve the toy target only (--target toy); "
                          f"--target {name} needs --draft DIR (a published EAGLE head's folder)")
@@ -57,7 +57,19 @@ def resolve_models(target: str | None, draft: str | None, dtype: str | None = No
     if draft is None:
         raise ValueError(f"--target={name!r}: needs --draft DIR (a published EAGLE head's folder, or one "
                          f"`draftgraph train-head` wrote)")
-    return ModelChoice(name, draft, dtype or "float64", Path(name.rstrip("/")).name or name)
+    return ModelChoice(name, draft, dtype or "float64", model_name(name))
+
+
+def model_name(target: str | None) -> str:
+    """The name of the model ``--target`` serves, without converting or loading anything."""
+    from ..settings import default_target
+
+    name = target or default_target()
+    if name == SMOLLM2:
+        from ..models.smollm2 import MODEL_NAME
+
+        return MODEL_NAME
+    return "draftgraph-toy" if name == TOY else (Path(name.rstrip("/")).name or name)
 
 
 def load_text_models(choice: ModelChoice, max_len: int | None = None, seed: int = 0) -> tuple[Any, Any, Any]:

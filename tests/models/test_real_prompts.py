@@ -120,3 +120,11 @@ def test_named_targets_and_bad_pairings(tmp_path, monkeypatch):
         resolve_models("smollm2", "eagle")
     mine = resolve_models(str(tmp_path / "ckpt"), str(tmp_path / "head"), "float32")
     assert (mine.target, mine.dtype, mine.name) == (str(tmp_path / "ckpt"), "float32", "ckpt")
+
+
+def test_info_names_the_model_without_loading_it(monkeypatch, capsys):
+    monkeypatch.delenv("DRAFTGRAPH_TARGET")
+    assert cli.main(["info"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "SmolLM2-135M-Instruct"
+    assert cli.main(["info", "--target", "toy"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "draftgraph-toy"
