@@ -136,6 +136,15 @@ def _serve_parser(sub: Any) -> None:
     srv.add_argument("--profile-dir", default=None, metavar="DIR", help="where /admin/profile writes traces")
     srv.add_argument("--model-name", default=None, help="the model id clients name (default: draftgraph-default "
                                                         "or the --target's name)")
+    srv.add_argument("--request-timeout-s", type=float, default=10.0,
+                     help="a request's headers and body must arrive within this (else the connection closes)")
+    srv.add_argument("--keep-alive-s", type=float, default=5.0, help="an idle keep-alive connection closes after this")
+    srv.add_argument("--max-connections", type=int, default=0,
+                     help="open connections before 503 (0: the file limit less 64, at most 1024)")
+    srv.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="the largest request head")
+    srv.add_argument("--trust-proxy", default=None, metavar="ADDRS",
+                     help="comma-separated proxy addresses whose X-Forwarded-For names the client (default: "
+                          "none; a forwarded address never grants admin rights)")
 
 
 def _graph_phases(text: str) -> tuple[str, ...]:
@@ -225,6 +234,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
+    from ..serve.connections import ConnectionLimits
     from ..serve.server import bind_socket, run_server
     from .engine import SpecDecodeEngine
     from .loading import load_text_models
@@ -234,7 +244,9 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     name = ns.model_name or ("draftgraph-default" if ns.target is None else Path(ns.target.rstrip("/")).name)
     cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
-                      reload_config=ns.reload_config, profile_dir=ns.profile_dir)
+                      reload_config=ns.reload_config, profile_dir=ns.profile_dir,
+                      limits=ConnectionLimits(ns.request_timeout_s, ns.keep_alive_s, ns.max_connections,
+                                              ns.max_header_bytes, ns.trust_proxy))
 
     def factory() -> tuple[Any, Any]:
         from ..serve.text import eos_id_of
