@@ -365,6 +365,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
     return registry
 
 
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (a traceback's: the exception and its message), clipped."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    line = lines[-1] if lines else "(no message)"
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
 def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal: Any = None) -> int:
     """N ranks as CPU processes (gloo on loopback); every rank must serve the same generation at
     every step. SIGHUP to this process reloads every rank (sent on to rank 0: `rank_reloads`)."""
@@ -378,8 +385,15 @@ def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal
     reloads = mp.get_context("spawn").Queue()
     if reload_signal is not None:
         reload_signal.attach(LauncherReloads(reloads))  # one that came while starting is sent now
+    from draftgraph.runtime.ranks.launch import RankLaunchError
+
     try:
         reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg, reloads), timeout_s=900.0)
+    except RankLaunchError as exc:  # one line per failed rank (its traceback went to its log)
+        for rank, why in sorted(exc.failures.items()):
+            print(f"draftgraph: error: simulate --world-size {ns.world_size}: rank {rank} stopped: "
+                  f"{last_line(why)}", file=sys.stderr)
+        return 2
     finally:
         if reload_signal is not None:
             reload_signal.detach()
