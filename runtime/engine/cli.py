@@ -142,6 +142,15 @@ def _serve_parser(sub: Any) -> None:
     srv.add_argument("--profile-dir", default=None, metavar="DIR", help="where /admin/profile writes traces")
     srv.add_argument("--model-name", default=None, help="the model id clients name (default: the model's own "
                                                         "name, e.g. SmolLM2-135M-Instruct)")
+    srv.add_argument("--request-timeout-s", type=float, default=10.0,
+                     help="a request's headers and body must arrive within this (else the connection closes)")
+    srv.add_argument("--keep-alive-s", type=float, default=5.0, help="an idle keep-alive connection closes after this")
+    srv.add_argument("--max-connections", type=int, default=0,
+                     help="open connections before 503 (0: the file limit less 64, at most 1024)")
+    srv.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="the largest request head")
+    srv.add_argument("--trust-proxy", default=None, metavar="ADDRS",
+                     help="comma-separated proxy addresses whose X-Forwarded-For names the client (default: "
+                          "none; a forwarded address never grants admin rights)")
 
 
 def _graph_phases(text: str) -> tuple[str, ...]:
@@ -240,6 +249,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
+    from ..serve.connections import ConnectionLimits
     from ..serve.server import bind_socket, run_server
     from .engine import SpecDecodeEngine
     from .loading import load_text_models, resolve_models
@@ -250,7 +260,9 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     name = ns.model_name or choice.name
     cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
-                      reload_config=ns.reload_config, profile_dir=ns.profile_dir)
+                      reload_config=ns.reload_config, profile_dir=ns.profile_dir,
+                      limits=ConnectionLimits(ns.request_timeout_s, ns.keep_alive_s, ns.max_connections,
+                                              ns.max_header_bytes, ns.trust_proxy))
 
     def factory() -> tuple[Any, Any]:
         from ..models.hf_text import eos_id_of
@@ -373,6 +385,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
     return registry
 
 
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (a traceback's: the exception and its message), clipped."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    line = lines[-1] if lines else "(no message)"
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
 def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal: Any = None) -> int:
     """N ranks as CPU processes (gloo on loopback); every rank must serve the same generation at
     every step. SIGHUP to this process reloads every rank (sent on to rank 0: `rank_reloads`)."""
@@ -386,8 +405,15 @@ def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal
     reloads = mp.get_context("spawn").Queue()
     if reload_signal is not None:
         reload_signal.attach(LauncherReloads(reloads))  # one that came while starting is sent now
+    from draftgraph.runtime.ranks.launch import RankLaunchError
+
     try:
         reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg, reloads), timeout_s=900.0)
+    except RankLaunchError as exc:  # one line per failed rank (its traceback went to its log)
+        for rank, why in sorted(exc.failures.items()):
+            print(f"draftgraph: error: simulate --world-size {ns.world_size}: rank {rank} stopped: "
+                  f"{last_line(why)}", file=sys.stderr)
+        return 2
     finally:
         if reload_signal is not None:
             reload_signal.detach()

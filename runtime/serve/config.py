@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .connections import ConnectionLimits
+
 __all__ = ["ServeConfig", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20  # a request body past 1 MiB is refused unread (400)
@@ -22,7 +24,9 @@ class ServeConfig:
     ``max_tokens_limit``: the largest ``max_tokens`` a request may ask for; ``drain_s``: how long
     SIGTERM lets in-flight requests finish; ``admin_token``: the bearer token admin routes take
     from a caller that is not on loopback (None: loopback callers only); ``reload_config``: the
-    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces."""
+    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces; ``limits``: the
+    connections' deadlines and cap, and the proxy trusted to name its clients
+    (`ConnectionLimits`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -34,6 +38,7 @@ class ServeConfig:
     reload_config: str | None = None
     profile_dir: str | None = None
     retry_after_s: int = 1
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         _check_int("port", self.port, 0)

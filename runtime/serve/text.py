@@ -38,8 +38,8 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[
 class TextCursor:
     """The text of one request's tokens, handed out piece by piece.
 
-    `advance(tokens, done)` returns the new text the client may see: the whole decode up to a
-    stop string (then `stopped` is True and nothing more comes), less a tail that could still
+    `advance(tokens, done)` returns the new text the client may see: the whole decode up to the
+    first stop string to end (then `stopped` is True and nothing more comes), less a tail that could still
     become a stop string or is a character whose bytes have not all come (unless ``done``)."""
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
@@ -68,5 +68,13 @@ class TextCursor:
         return out
 
     def _first_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
-        return min(found) if found else None
+        """Where the text is cut: before the stop string that ends first in the committed text
+        (the longest of those ending there), as a reader given one character at a time would
+        cut, so the cut never depends on how many tokens a step committed."""
+        start = max(0, self.sent - self.hold)
+        best: tuple[int, int] | None = None  # (end, start) of the stop string ending first
+        for s in self.stop:
+            i = text.find(s, start)
+            if i >= 0 and (best is None or (i + len(s), i) < best):
+                best = (i + len(s), i)
+        return None if best is None else best[1]
