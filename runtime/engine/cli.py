@@ -32,6 +32,7 @@ from draftgraph.runtime.console import prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.settings import read_settings
 
+from .cli_sampling import add_sampling_flags, sampling_from
 from .phases import default_graph_phases
 from .profile_report import format_table
 from .profiling import parse_profile_steps
@@ -109,10 +110,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="address --metrics-port listens on (default 127.0.0.1; another one, e.g. "
                           "0.0.0.0 in a container, is served with a warning: no authentication)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
+    add_sampling_flags(sim)
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
     _spec_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=96)
+    add_sampling_flags(gen)
     info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
     _spec_flags(info)
     info.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
@@ -187,7 +190,7 @@ def _info(ns: argparse.Namespace) -> int:
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from ..models import greedy_generate
+    from ..models import greedy_generate, sampled_generate
     from .engine import SpecDecodeEngine
     from .loading import load_text_models, model_source
 
@@ -197,20 +200,26 @@ def _generate(ns: argparse.Namespace) -> int:
     ids = tok.encode(ns.text)
     from .simulate import describe_models, wait_with_progress
 
+    sampling = sampling_from(ns)
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                               progress=wait_with_progress)
     start = time.perf_counter()
-    out = engine.generate([ids], ns.max_new_tokens)[0]
+    out = engine.generate([ids], ns.max_new_tokens, sampling)[0]
     spec_s = time.perf_counter() - start
     engine.close()
     start = time.perf_counter()
-    ref = greedy_generate(target, [ids], ns.max_new_tokens)[0]
+    plain = "greedy" if sampling is None else "plain sampling"
+    ref = (greedy_generate(target, [ids], ns.max_new_tokens) if sampling is None
+           else sampled_generate(target, [ids], ns.max_new_tokens, sampling))[0]
     greedy_s = time.perf_counter() - start
     print(ns.text + tok.decode(out))
     st = engine.stats()
+    if sampling is not None:
+        print(f"\n-- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, top_k {sampling.top_k}, "
+              f"min_p {sampling.min_p}, seed {sampling.seed} (--sampling-seed {sampling.seed} replays it)")
     print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
-          f"speedup {greedy_s / spec_s:.2f}x over greedy ({len(out) / spec_s:.0f} vs "
-          f"{len(ref) / greedy_s:.0f} tokens/s), identical to greedy: {out == ref}")
+          f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.0f} vs "
+          f"{len(ref) / greedy_s:.0f} tokens/s), identical to {plain}: {out == ref}")
     models = describe_models(target, draft, source)
     print(f"-- target: {models['target']}\n-- draft: {models['draft']}")
     return 0
@@ -276,7 +285,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases,
-                           target=ns.target, dtype=ns.dtype, max_len=ns.max_len)
+                           target=ns.target, dtype=ns.dtype, max_len=ns.max_len, sampling=sampling_from(ns))
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)
