@@ -234,6 +234,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
+    from ..serve.sampling_fields import generation_defaults
     from ..serve.server import bind_socket, run_server
     from .engine import SpecDecodeEngine
     from .loading import load_text_models
@@ -243,7 +244,8 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     name = ns.model_name or ("draftgraph-default" if ns.target is None else Path(ns.target.rstrip("/")).name)
     cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
-                      reload_config=ns.reload_config, profile_dir=ns.profile_dir)
+                      reload_config=ns.reload_config, profile_dir=ns.profile_dir,
+                      sampling_defaults=tuple(generation_defaults(ns.target).items()))
 
     def factory() -> tuple[Any, Any]:
         from ..serve.text import eos_id_of

@@ -3,10 +3,11 @@
 One `step()` (DESIGN.md §7): at the step boundary, reloads, weights and capture units
 (`boundary.StepBoundary`); admit waiting requests (prefill + draft extend); then the pipeline
 (`pipeline.StepPipeline`): draft through a draftgraph worker, `build_tree`, one target forward
-over every request's tree (tree mask), greedy acceptance, commit the accepted K/V, draft extend
-over the committed tokens. Every emitted token is the target's greedy choice, so the output
-equals `greedy_generate`'s. The batch lives on the device by slot (`slot_state.SlotState`); the
-requests (`request_table.RequestTable`) keep Python bookkeeping; the step policy
+over every request's tree (tree mask), acceptance by the request's policy (`accept_policy`: greedy,
+or sampled with keyed random numbers), commit the accepted K/V, draft extend over the committed
+tokens. Every emitted token is the target's own choice, so the output equals `greedy_generate`'s
+(or, seeded, `sampled_generate`'s: docs/sampling.md). The batch lives on the device by slot
+(`slot_state.SlotState`); the requests (`request_table.RequestTable`) keep Python bookkeeping; the step policy
 (`policy.StepPolicy`) says which state serves each step; `report.EngineReport` answers for the
 figures. This class only wires them together.
 

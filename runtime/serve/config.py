@@ -22,7 +22,9 @@ class ServeConfig:
     ``max_tokens_limit``: the largest ``max_tokens`` a request may ask for; ``drain_s``: how long
     SIGTERM lets in-flight requests finish; ``admin_token``: the bearer token admin routes take
     from a caller that is not on loopback (None: loopback callers only); ``reload_config``: the
-    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces."""
+    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces;
+    ``sampling_defaults``: (field, value) pairs a request's left-out sampling fields take (the
+    model's generation_config.json; `sampling_fields.generation_defaults`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -34,6 +36,7 @@ class ServeConfig:
     reload_config: str | None = None
     profile_dir: str | None = None
     retry_after_s: int = 1
+    sampling_defaults: tuple[tuple[str, float | int], ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("port", self.port, 0)
