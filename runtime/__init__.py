@@ -10,6 +10,7 @@ The public API (`__all__`, sorted) is what a serving engine needs, by job:
 - runtime states, reload, adaptive S: `RuntimeState`, `StateStats`, `ReloadError`,
   `RELOAD_POLICIES`, `install_reload_signal`, `AdaptiveStepController`;
 - draft weights updated in place (`update_draft_weights`): `StaleWeightsError`;
+- sampling (temperature, top-p, top-k, min-p, keyed seeds): `SamplingParams`;
 - organize: `select_top_k_tokens`, `organize_draft_results`, `fast_topk`;
 - topology and the verify tree: `StaticTopology`, `TopologyBuffers`, `VerifyTree`, `build_tree`;
 - SGLang drop-in (`runtime.sglang`): `install_chain_buffers`, `runtime_args_from_sglang`;
@@ -48,6 +49,7 @@ _HOMES: dict[str, str] = {
     "ReloadError": "worker.reload",
     "RuntimeArgs": "config",
     "RuntimeState": "worker.state",
+    "SamplingParams": "sampling.params",
     "SpeculationSchedule": "schedule",
     "SpeculativeConfig": "config",
     "StaleWeightsError": "worker.weights",

@@ -32,6 +32,7 @@ from draftgraph.runtime.console import prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.settings import read_settings
 
+from .cli_sampling import add_sampling_flags, sampling_from
 from .phases import default_graph_phases
 from .profile_report import format_table
 from .profiling import parse_profile_steps
@@ -114,11 +115,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="address --metrics-port listens on (default 127.0.0.1; another one, e.g. "
                           "0.0.0.0 in a container, is served with a warning: no authentication)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
+    add_sampling_flags(sim)
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
     _spec_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=96)
     gen.add_argument("--raw", action="store_true", help="the text as it is, without the model's chat template")
+    add_sampling_flags(gen)
     info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
     _spec_flags(info)
     info.add_argument("--graph-phases", default=None, type=_graph_phases, metavar="verify,extend",
@@ -204,7 +207,7 @@ def _info(ns: argparse.Namespace) -> int:
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from ..models import greedy_generate
+    from ..models import greedy_generate, sampled_generate
     from ..models.hf_text import eos_id_of
     from ..models.prompt_file import encode_prompt, has_chat_template
     from .engine import SpecDecodeEngine
@@ -219,21 +222,27 @@ def _generate(ns: argparse.Namespace) -> int:
     eos = eos_id_of(tok)
     from .simulate import describe_models, wait_with_progress
 
+    sampling = sampling_from(ns)
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                               progress=wait_with_progress, eos_id=eos)
     start = time.perf_counter()
-    out = engine.generate([ids], ns.max_new_tokens)[0]
+    out = engine.generate([ids], ns.max_new_tokens, sampling)[0]
     spec_s = time.perf_counter() - start
     engine.close()
     start = time.perf_counter()
-    ref = greedy_generate(target, [ids], ns.max_new_tokens, eos)[0]
+    plain = "greedy" if sampling is None else "plain sampling"
+    ref = (greedy_generate(target, [ids], ns.max_new_tokens, eos) if sampling is None
+           else sampled_generate(target, [ids], ns.max_new_tokens, sampling, eos_id=eos))[0]
     greedy_s = time.perf_counter() - start
     shown = [t for t in out if t != eos]
     print(tok.decode(shown, skip_special_tokens=True).strip() if chat else ns.text + tok.decode(shown))
     st = engine.stats()
+    if sampling is not None:
+        print(f"\n-- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, top_k {sampling.top_k}, "
+              f"min_p {sampling.min_p}, seed {sampling.seed} (--sampling-seed {sampling.seed} replays it)")
     print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
-          f"speedup {greedy_s / spec_s:.2f}x over greedy ({len(out) / spec_s:.1f} vs "
-          f"{len(ref) / greedy_s:.1f} tokens/s), identical to greedy: {out == ref}")
+          f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.1f} vs "
+          f"{len(ref) / greedy_s:.1f} tokens/s), identical to {plain}: {out == ref}")
     models = describe_models(target, draft, source)
     print(f"-- model: {choice.name}{' (chat template)' if chat else ''}\n-- target: {models['target']}\n"
           f"-- draft: {models['draft']}")
@@ -250,6 +259,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
     from ..serve.connections import ConnectionLimits
+    from ..serve.sampling_fields import generation_defaults
     from ..serve.server import bind_socket, run_server
     from .engine import SpecDecodeEngine
     from .loading import load_text_models, resolve_models
@@ -262,7 +272,8 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
                       reload_config=ns.reload_config, profile_dir=ns.profile_dir,
                       limits=ConnectionLimits(ns.request_timeout_s, ns.keep_alive_s, ns.max_connections,
-                                              ns.max_header_bytes, ns.trust_proxy))
+                                              ns.max_header_bytes, ns.trust_proxy),
+                      sampling_defaults=tuple(generation_defaults(choice.target).items()))
 
     def factory() -> tuple[Any, Any]:
         from ..models.hf_text import eos_id_of
@@ -308,7 +319,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases,
                            target=choice.target, dtype=choice.dtype, max_len=ns.max_len, prompts=ns.prompts,
-                           model_name=choice.name)
+                           model_name=choice.name, sampling=sampling_from(ns))
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)

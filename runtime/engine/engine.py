@@ -3,10 +3,11 @@
 One `step()` (DESIGN.md §7): at the step boundary, reloads, weights and capture units
 (`boundary.StepBoundary`); admit waiting requests (prefill + draft extend); then the pipeline
 (`pipeline.StepPipeline`): draft through a draftgraph worker, `build_tree`, one target forward
-over every request's tree (tree mask), greedy acceptance, commit the accepted K/V, draft extend
-over the committed tokens. Every emitted token is the target's greedy choice, so the output
-equals `greedy_generate`'s. The batch lives on the device by slot (`slot_state.SlotState`); the
-requests (`request_table.RequestTable`) keep Python bookkeeping; the step policy
+over every request's tree (tree mask), acceptance by the request's policy (`accept_policy`: greedy,
+or sampled with keyed random numbers), commit the accepted K/V, draft extend over the committed
+tokens. Every emitted token is the target's own choice, so the output equals `greedy_generate`'s
+(or, seeded, `sampled_generate`'s: docs/sampling.md). The batch lives on the device by slot
+(`slot_state.SlotState`); the requests (`request_table.RequestTable`) keep Python bookkeeping; the step policy
 (`policy.StepPolicy`) says which state serves each step; `report.EngineReport` answers for the
 figures. This class only wires them together.
 
@@ -26,7 +27,8 @@ from typing import Any
 import torch
 
 from draftgraph.graphs import resolve_backend
-from draftgraph.runtime import RuntimeArgs
+from draftgraph.runtime import RuntimeArgs, SamplingParams
+from draftgraph.runtime.sampling import per_prompt
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker.capture_queue import MAX_THREADS
 from draftgraph.runtime.worker.contract import DraftWorker
@@ -45,6 +47,7 @@ from .report import EngineReport
 from .request_table import RequestTable
 from .requests import RequestFailed
 from .scheduling import resolve_schedule
+from .seeding import SeedSource
 from .slot_state import SlotState
 from .stats import EngineStats, accept_length
 
@@ -83,7 +86,9 @@ class SpecDecodeEngine:
     ``graph_phases`` (names of `PHASE_NAMES`, "verify" and "extend"): the target verify and draft
     extend captured per state beside the draft step, one graph per size and KV window tier
     (``kv_tiers``, ascending, ending at the cache length; default `default_tiers`); None: both on
-    CUDA, none on the CPU backends (docs/phases.md)."""
+    CUDA, none on the CPU backends (docs/phases.md).
+
+    ``sampling_seed``: seeds the generator giving an unseeded sampled request its seed (logged)."""
 
     def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
@@ -91,8 +96,9 @@ class SpecDecodeEngine:
                  acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
                  schedule: SpeculationSchedule | str | None = None,
                  graph_phases: Sequence[str] | None = None, kv_tiers: Sequence[int] | None = None,
-                 progress: Callable[[SpecDecodeEngine], None] | None = None) -> None:
+                 progress: Callable[[SpecDecodeEngine], None] | None = None, sampling_seed: int | None = None) -> None:
         t0 = time.perf_counter()
+        self.seeds = SeedSource(sampling_seed)
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
         if not isinstance(args, RuntimeArgs):
@@ -229,9 +235,13 @@ class SpecDecodeEngine:
         self.drafter.reset_carried_state(self.slot_state, [r.slot for r in self.running])
 
     # ---- requests ------------------------------------------------------------------------------
-    def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
-        """Queue a request; returns its id. Ids must be ints in [0, vocab)."""
-        return self.requests.add(prompt_ids, max_new_tokens)
+    def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None
+                    ) -> int:
+        """Queue a request; returns its id. Ids must be ints in [0, vocab). ``sampling``: how it
+        draws (None: greedy); a sampled request without a seed gets one (`SeedSource`, logged)."""
+        rid = self.requests.add(prompt_ids, max_new_tokens, used := self.seeds.resolve(sampling))
+        self.seeds.log(rid, sampling, used)
+        return rid
 
     def result(self, rid: int) -> list[int]:
         """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
@@ -298,11 +308,11 @@ class SpecDecodeEngine:
                     policy.observe(accepted / len(reqs))
         return table.ended()
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """Generate for every prompt (continuous batching); outputs in prompt order, each taken
-        with `pop_result` (the engine keeps none). RequestFailed (the first) after all are
-        taken when a request failed."""
-        ids = [self.add_request(p, max_new_tokens) for p in prompts]
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 sampling: SamplingParams | Sequence[SamplingParams | None] | None = None) -> list[list[int]]:
+        """Generate for every prompt (``sampling``: one for all, or one each); outputs in prompt order,
+        each taken with `pop_result`. RequestFailed (the first) after all are taken if one failed."""
+        ids = [self.add_request(p, max_new_tokens, s) for p, s in zip(prompts, per_prompt(sampling, len(prompts)))]
         while self.has_work():
             self.step()
         outs: list[list[int]] = []

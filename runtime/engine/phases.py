@@ -12,8 +12,10 @@ capture serves every length up to its tier. A step picks the smallest tier >= ma
 admission keeps every request within the cache (`RequestTable`), whose length is the largest
 tier. A graph never serves a length past its tier: the step runs the next tier's graph.
 
-Verify: tokens / positions [b, N], lens / slots [b], tree_mask [b, N, N] -> target argmax [b, N]
-and hidden [b, N, d] (K/V written at seq_len + node). Extend: the verify's hidden [b, N, d],
+Verify: tokens / positions [b, N], lens / slots [b], tree_mask [b, N, N] and the rows' sampling
+parameters (temperature, top_p, top_k, min_p, seed [b]) -> each node's token [b, N] (the sampled
+accept policy's: greedy rows the argmax, so mixed batches share the graph) and hidden [b, N, d]
+(K/V written at seq_len + node). Extend: the verify's hidden [b, N, d],
 acceptance path / tokens [b, W], length / lens / slots [b], alive [b] -> the next draft feature
 [b, d] and its top candidates p / ids [b, keep]. Pad rows read and write the dummy slot 0.
 """
@@ -29,14 +31,19 @@ import torch
 
 from draftgraph.graphs import Miss, resolve_backend, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
+from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker.host_phases import GraphStep
 
+from .accept_policy import SAMPLED_ACCEPT
 from .slot_state import StepBatch
 from .verify import Acceptance, tree_verify_mask
 
 __all__ = ["EnginePhases", "PHASE_NAMES", "default_graph_phases", "default_tiers", "engine_phases"]
 
 PHASE_NAMES = ("verify", "extend")
+# the verify graph's per-row sampling inputs (`SamplingRows`' fields), in input order
+_SAMPLING_FIELDS = (("temperature", torch.float64), ("top_p", torch.float64), ("top_k", torch.long),
+                    ("min_p", torch.float64), ("seed", torch.long))
 
 
 def default_graph_phases(backend: str) -> tuple[str, ...]:
@@ -143,20 +150,24 @@ class EnginePhases:
             "lens": torch.zeros(rows, dtype=long, device=dev),
             "slots": torch.zeros(rows, dtype=long, device=dev),
             "tree_mask": torch.ones(rows, n, n, dtype=torch.bool, device=dev),
+            **{f: torch.zeros(rows, dtype=t, device=dev) for f, t in _SAMPLING_FIELDS},
         }
         target, cache = self.target, self.cache
 
         def verify(tokens: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor,
-                   tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   tree_mask: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                   min_p: torch.Tensor, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             width = tokens.shape[1]
             write = lens[:, None] + torch.arange(width, device=lens.device)[None]
             mask = tree_verify_mask(tree_mask, lens, lk)
             logits, hidden = target(tokens, positions, write, slots, mask, cache)
-            return logits.argmax(-1), hidden
+            rows = SamplingRows(temperature, top_p, top_k, min_p, seed)
+            return SAMPLED_ACCEPT.choose(logits, positions, rows), hidden
 
-        # pad rows: slot 0 (the dummy), length 0, each node sees itself (no empty softmax row)
-        return GraphStep(verify, static, {"tokens": 0, "positions": 0, "lens": 0, "slots": 0, "tree_mask": 1},
-                         self.structure("verify", n=n, lk=lk), self.constants)
+        # pad rows: slot 0 (the dummy), length 0, each node sees itself (no empty softmax row), greedy
+        pads = {"tokens": 0, "positions": 0, "lens": 0, "slots": 0, "tree_mask": 1,
+                **{f: 1 if f == "top_p" else 0 for f, _ in _SAMPLING_FIELDS}}
+        return GraphStep(verify, static, pads, self.structure("verify", n=n, lk=lk), self.constants)
 
     # ---- running a phase ---------------------------------------------------------------------
     @staticmethod
@@ -182,20 +193,16 @@ class EnginePhases:
 
     def verify(self, state: Any, batch: StepBatch, tree: Any, n: int, eager: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(target argmax [b, N], hidden [b, N, d]) of the verify tree, from the state's graph for
-        the batch's tier, or ``eager()`` (which returns logits, hidden)."""
+        """(each node's token [b, N], hidden [b, N, d]) of the verify tree, from the state's graph
+        for the batch's tier, or ``eager()`` (which returns the same, by the step's policy)."""
         if "verify" not in self.phases:
-            logits, hidden = eager()
-            return logits.argmax(-1), hidden
+            return eager()
         b = batch.size
+        rows = batch.sampling
         inputs = {"tokens": tree.tokens.view(b, n), "positions": tree.positions.view(b, n), "lens": batch.lens,
-                  "slots": batch.slots, "tree_mask": tree.tree_mask}
-
-        def run_eager() -> tuple[torch.Tensor, torch.Tensor]:
-            logits, hidden = eager()
-            return logits.argmax(-1), hidden
-
-        return self.run(state, f"verify@{self.tier(batch, n)}", inputs, run_eager)
+                  "slots": batch.slots, "tree_mask": tree.tree_mask,
+                  **{f: getattr(rows, f) for f, _ in _SAMPLING_FIELDS}}
+        return self.run(state, f"verify@{self.tier(batch, n)}", inputs, eager)
 
     def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
                alive: torch.Tensor, eager: Any) -> Any:

@@ -19,12 +19,13 @@ from draftgraph.runtime import DraftResult, VerifyTree, build_tree
 from draftgraph.runtime.worker.contract import DraftWorker
 
 from ..models.greedy import prefill
+from .accept_policy import AcceptPolicy, accept_policy
 from .phases import EnginePhases
 from .request_table import RequestTable
 from .requests import Request
 from .slot_state import SlotState, StepBatch
 from .stats import EngineStats
-from .verify import Acceptance, accept, commit_kv, root_only_tree, verify_mask
+from .verify import Acceptance, commit_kv, root_only_tree, verify_mask
 
 __all__ = ["StepPipeline"]
 
@@ -53,7 +54,8 @@ class StepPipeline:
         for req in table.admissions():
             try:
                 logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
-                bonus = int(logits[-1].argmax())
+                state.set_sampling(req.slot, req.sampling)
+                bonus = self.first_token(logits, req)
                 req.seq_len = len(req.prompt)
                 state.seq_len[req.slot] = req.seq_len
                 state.bonus[req.slot] = bonus
@@ -68,6 +70,14 @@ class StepPipeline:
                 continue
             table.admitted(req)
 
+    def first_token(self, logits: torch.Tensor, req: Request) -> int:
+        """The token after ``req``'s prompt from the prefill's logits [T, V] (its accept policy's
+        choice for position T)."""
+        policy = accept_policy(not req.sampling.greedy)
+        slot = torch.tensor([req.slot], device=logits.device)
+        pos = torch.tensor([[len(req.prompt) - 1]], device=logits.device)
+        return int(policy.choose(logits[-1:][None], pos, self.slots.sampling_rows(slot))[0, 0])
+
     @torch.no_grad()
     def step(self, reqs: Sequence[Request], worker: DraftWorker, num_steps: int) -> Acceptance:
         """One step for the running ``reqs`` with the worker's active state (``num_steps`` 0: a
@@ -75,7 +85,9 @@ class StepPipeline:
         requests and the device state, extends the draft, counts the step; returns the
         acceptance."""
         st = self.stats
-        batch = StepBatch.gather(self.slots, [r.slot for r in reqs], [r.seq_len for r in reqs])
+        batch = StepBatch.gather(self.slots, [r.slot for r in reqs], [r.seq_len for r in reqs],
+                                 any(not r.sampling.greedy for r in reqs))
+        policy = accept_policy(batch.sampled)
         spec = worker.spec
         n = spec.num_draft_tokens if num_steps else 1
         draft = None
@@ -92,9 +104,9 @@ class StepPipeline:
         if state is not None and state.target_only == bool(num_steps):
             state = None
         with st.timed("verify"):
-            argmax, hidden = self.verify(batch, tree, n, state)
+            chosen, hidden = self.verify(batch, tree, n, policy, state)
         with st.timed("accept_commit"):
-            acc = accept(tree, argmax, spec.num_steps if num_steps else 0, chain=spec.is_chain)
+            acc = policy.accept(tree, chosen, spec.num_steps if num_steps else 0, chain=spec.is_chain)
             emitted = self.commit(batch, acc, reqs)
         st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
         with st.timed("extend"):
@@ -113,15 +125,19 @@ class StepPipeline:
         return build_tree(batch.bonus, parent_list, top_idx, draft_tokens, batch.lens, spec.layout_topk,
                           spec.num_steps, n, validate=False, layout=draft.layout)
 
-    def verify(self, batch: StepBatch, tree: VerifyTree, n: int, state: Any = None
+    def verify(self, batch: StepBatch, tree: VerifyTree, n: int, policy: AcceptPolicy, state: Any = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """One target forward over every request's N tree tokens (K/V written at seq_len + node):
-        (target argmax [b, N], hidden [b, N, d]); from ``state``'s verify graph when it has one for
-        the batch (see `EnginePhases`), else eager."""
+        (each node's token by ``policy`` [b, N], hidden [b, N, d]); from ``state``'s verify graph
+        when it has one for the batch (see `EnginePhases`; the graph chooses with the sampled
+        policy, which gives greedy rows the argmax), else eager."""
+        def eager() -> tuple[torch.Tensor, torch.Tensor]:
+            logits, hidden = self.verify_eager(batch, tree, n)
+            return policy.choose(logits, tree.positions.view(batch.size, n), batch.sampling), hidden
+
         if state is not None:
-            return self.phases.verify(state, batch, tree, n, lambda: self.verify_eager(batch, tree, n))
-        logits, hidden = self.verify_eager(batch, tree, n)
-        return logits.argmax(-1), hidden
+            return self.phases.verify(state, batch, tree, n, eager)
+        return eager()
 
     def verify_eager(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's eager forward over the tree: (logits [b, N, V], hidden [b, N, d])."""

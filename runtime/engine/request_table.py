@@ -18,6 +18,8 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from draftgraph.runtime.sampling import GREEDY, SamplingParams
+
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 
@@ -56,9 +58,14 @@ class RequestTable:
         self._free = list(range(max_slots, 0, -1))
 
     # ---- any thread ----------------------------------------------------------------------------
-    def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
-        """Queue a request; returns its id. ValueError naming the field for ids outside
-        [0, vocab), an empty prompt, a bad ``max_new_tokens`` or a request too long to serve."""
+    def add(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams = GREEDY) -> int:
+        """Queue a request drawing with ``sampling`` (its seed resolved); returns its id.
+        ValueError naming the field for ids outside [0, vocab), an empty prompt, a bad
+        ``max_new_tokens`` or a request too long to serve."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling={sampling!r}: must be a SamplingParams or None")
+        if not sampling.greedy and sampling.seed is None:
+            raise ValueError(f"sampling={sampling!r}: seed=None, a sampled request's seed must be resolved")
         v, limit = self.vocab_size, self.max_len
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
@@ -77,7 +84,7 @@ class RequestTable:
                                 f"(max_inbox={self.max_inbox})")
             rid = self._next_id
             self._next_id += 1
-            req = Request(rid, ids, max_new_tokens)
+            req = Request(rid, ids, max_new_tokens, sampling)
             self._live[rid] = req
             self._inbox.append(req)
         return rid

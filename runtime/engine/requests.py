@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftgraph.runtime.sampling import GREEDY, SamplingParams
+
 __all__ = ["Request", "RequestFailed"]
 
 
@@ -34,6 +36,7 @@ class Request:
     rid: int
     prompt: list[int]
     max_new_tokens: int
+    sampling: SamplingParams = GREEDY
     slot: int = -1
     seq_len: int = 0
     output: list[int] = field(default_factory=list)

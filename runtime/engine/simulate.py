@@ -12,16 +12,18 @@ import signal as _signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from draftgraph.runtime import RuntimeArgs, load_runtime_args
 
-from ..models import default_checkpoints, default_models, greedy_generate
+from ..models import default_checkpoints, default_models, greedy_generate, sampled_generate
 from ..models.corpus import held_out_prompts
 from ..models.defaults import DRAFT_KINDS
+from ..sampling import GREEDY, SamplingParams
+from ..sampling.params import MAX_SEED
 from .engine import SpecDecodeEngine
 from .profiling import profile_steps
 from .requests import RequestFailed
@@ -64,6 +66,13 @@ class SimulationConfig:
     max_len: int | None = None  # the transformers target's cache positions per request (None: its default)
     prompts: str | None = None  # a JSONL prompt file (None: the shipped chat prompts, or held-out bytes)
     model_name: str | None = None  # what the report calls the model
+    sampling: SamplingParams | None = None  # None: greedy; request i draws with seed + i (the plain baseline too)
+
+    def request_sampling(self, i: int) -> SamplingParams | None:
+        """Request ``i``'s parameters: ``sampling`` with seed + i (None: greedy)."""
+        if self.sampling is None or self.sampling.greedy:
+            return self.sampling
+        return self.sampling.with_seed(((self.sampling.seed or 0) + i) % (MAX_SEED + 1))
 
     def __post_init__(self) -> None:
         if self.target is None and self.draft not in DRAFT_KINDS:
@@ -335,7 +344,8 @@ def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
     outs = [run.taken[i] if i in run.taken else _take(engine, i) for i in run.ids]
     report = _loop_report(engine, run, describe_models(target, draft, load.source), work.max_new)
     report.update({"rss_setup_mib": rss_setup, "rss_loop_mib": run.rss_mib, "torch": torch.__version__,
-                   "model": cfg.model_name, "answers": _answers(load, outs)})
+                   "model": cfg.model_name, "answers": _answers(load, outs),
+                   "sampling": asdict(cfg.sampling) if cfg.sampling is not None else None})
     return _with_baselines(report, cfg, engine, run, outs, load, work, rank, reload_signal)
 
 
@@ -375,7 +385,7 @@ def _serve(cfg: SimulationConfig, engine: SpecDecodeEngine, prompts: list[list[i
                 if profiling else contextlib.nullcontext(None) as prof:
             while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
                 while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
-                    ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
+                    ids.append(engine.add_request(prompts[nxt], max_new[nxt], cfg.request_sampling(nxt)))
                     nxt += 1
                 if cfg.reload_at is not None and step == cfg.reload_at and (
                         rank is None or rank == world_size - 1):
@@ -452,7 +462,7 @@ def _with_baselines(report: dict[str, Any], cfg: SimulationConfig, engine: SpecD
                                       arrivals[:len(ids)], outs, report["tokens_per_s"], load.eos_id))
     if cfg.greedy and not interrupted:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
-                                       cfg.args.max_running_requests or 8, load.eos_id))
+                                       cfg.args.max_running_requests or 8, cfg.request_sampling, load.eos_id))
         if report["greedy_tokens_per_s"]:
             report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
         if report["greedy_interrupted"]:  # Ctrl-C in the baseline: the report of what ran
@@ -487,7 +497,7 @@ def _eager_baseline(cfg: SimulationConfig, target: Any, draft: Any, prompts: lis
         start = time.perf_counter()
         while (nxt < len(prompts) or engine.has_work()) and step < cfg.max_loop_steps:
             while nxt < len(prompts) and (arrivals[nxt] <= step or not engine.has_work()):
-                ids.append(engine.add_request(prompts[nxt], max_new[nxt]))
+                ids.append(engine.add_request(prompts[nxt], max_new[nxt], cfg.request_sampling(nxt)))
                 nxt += 1
             for rid in engine.step():
                 taken[rid] = _take(engine, rid)
@@ -502,8 +512,10 @@ def _eager_baseline(cfg: SimulationConfig, target: Any, draft: Any, prompts: lis
 
 
 def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
-                     outs: list[list[int]], batch: int, eos_id: int | None = None) -> dict[str, Any]:
-    """Target-only greedy on the same requests, in arrival order, ``batch`` at a time.
+                     outs: list[list[int]], batch: int, sampling: Any = None,
+                     eos_id: int | None = None) -> dict[str, Any]:
+    """Target-only greedy on the same requests, in arrival order, ``batch`` at a time (with
+    ``sampling(i)`` giving request i's `SamplingParams`: the plain sampled run, `sampled_generate`).
 
     ``lossless``: every output equals greedy's whole output; ``lossless_prefix``: every output
     is a prefix of greedy's (what a run cut by ``--max-loop-steps`` can show: its unfinished
@@ -518,7 +530,10 @@ def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
     try:
         for i in range(0, len(prompts), batch):
             group = range(i, min(i + batch, len(prompts)))
-            ref = greedy_generate(target, [prompts[j] for j in group], max(max_new[j] for j in group), eos_id)
+            params = [sampling(j) if sampling is not None else None for j in group]
+            args = (target, [prompts[j] for j in group], max(max_new[j] for j in group))
+            ref = (greedy_generate(*args, eos_id) if all(p is None for p in params)
+                   else sampled_generate(*args, [p or GREEDY for p in params], eos_id=eos_id))
             for j, r in zip(group, ref):
                 r = r[:max_new[j]]
                 tokens += len(r)

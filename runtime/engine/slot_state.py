@@ -11,7 +11,9 @@ Per slot:
 - ``feature`` [slots, dim]: the draft's carried feature (EAGLE: the draft's feature at the bonus
   position; multi-layer: the target's hidden state there);
 - ``draft_p`` / ``draft_ids`` [slots, keep]: the draft's top candidates for the token after the
-  bonus, the widest ``keep`` so that a reload to another topk can use them.
+  bonus, the widest ``keep`` so that a reload to another topk can use them;
+- ``temperature`` / ``top_p`` / ``min_p`` [slots] float64, ``top_k`` / ``seed`` [slots] long: the
+  request's sampling parameters (`SamplingParams`), written at admission (temperature 0: greedy).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from draftgraph.runtime.sampling import SamplingParams, SamplingRows
 
 __all__ = ["SlotState", "StepBatch"]
 
@@ -33,10 +37,31 @@ class SlotState:
         self.feature = torch.zeros(slots, dim, dtype=torch.float32, device=device)
         self.draft_p = torch.zeros(slots, keep, dtype=torch.float32, device=device)
         self.draft_ids = torch.zeros(slots, keep, dtype=torch.long, device=device)
+        f64 = torch.float64
+        self.sampling = SamplingRows(torch.zeros(slots, dtype=f64, device=device),
+                                     torch.ones(slots, dtype=f64, device=device),
+                                     torch.zeros(slots, dtype=torch.long, device=device),
+                                     torch.zeros(slots, dtype=f64, device=device),
+                                     torch.zeros(slots, dtype=torch.long, device=device))
 
     @property
     def device(self) -> torch.device:
         return self.seq_len.device
+
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        """Write a request's sampling parameters into ``slot`` (at admission; a greedy request
+        without a seed gets seed 0, never read)."""
+        rows = self.sampling
+        rows.temperature[slot] = params.temperature
+        rows.top_p[slot] = params.top_p
+        rows.top_k[slot] = params.top_k
+        rows.min_p[slot] = params.min_p
+        rows.seed[slot] = params.seed or 0
+
+    def sampling_rows(self, slots: torch.Tensor) -> SamplingRows:
+        """The sampling parameters of ``slots`` [b], each [b]."""
+        r = self.sampling
+        return SamplingRows(r.temperature[slots], r.top_p[slots], r.top_k[slots], r.min_p[slots], r.seed[slots])
 
     def set_draft(self, slots: torch.Tensor, feature: torch.Tensor, logits: torch.Tensor | None) -> None:
         """The draft inputs of the next step for ``slots`` [b]: feature [b, dim] and, when given,
@@ -64,18 +89,24 @@ class SlotState:
 class StepBatch:
     """One step's batch, built once per step: ``slots`` [b] long (the running requests' slots,
     in batch order), ``lens`` [b] and ``bonus`` [b] gathered from the `SlotState`, and the host's
-    copies ``slot_list`` / ``len_list`` (sizes and windows without reading the device)."""
+    copies ``slot_list`` / ``len_list`` (sizes and windows without reading the device);
+    ``sampling`` the rows' `SamplingRows` and ``sampled`` (host) whether any row samples (False:
+    every row greedy, the argmax path)."""
 
     slots: torch.Tensor
     lens: torch.Tensor
     bonus: torch.Tensor
     slot_list: tuple[int, ...]
     len_list: tuple[int, ...]
+    sampling: SamplingRows
+    sampled: bool = False
 
     @classmethod
-    def gather(cls, state: SlotState, slot_list: list[int], len_list: list[int]) -> StepBatch:
+    def gather(cls, state: SlotState, slot_list: list[int], len_list: list[int], sampled: bool = False
+               ) -> StepBatch:
         slots = torch.tensor(slot_list, dtype=torch.long, device=state.device)
-        return cls(slots, state.seq_len[slots], state.bonus[slots], tuple(slot_list), tuple(len_list))
+        return cls(slots, state.seq_len[slots], state.bonus[slots], tuple(slot_list), tuple(len_list),
+                   state.sampling_rows(slots), sampled)
 
     @property
     def size(self) -> int:

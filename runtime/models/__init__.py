@@ -2,7 +2,7 @@
 or EAGLE-3 head (`HFEagleHead`), docs/models.md; the embedded defaults on the same road (a
 transformers Llama target and an EAGLE-3 head over the byte tokenizer, trained at first use,
 cached, written as checkpoints and loaded through `load_models`); the multi-layer (MTP-style)
-draft and the greedy reference.
+draft and the greedy reference (and its sampled twin).
 
 `TinyDraftModel` / `make_draft_input` (the component's small test model and input maker) live in
 `draftgraph.runtime.testing` and are re-exported here for existing imports.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..testing import TinyDraftModel, make_draft_input
 from .defaults import default_checkpoints, default_models, model_cache_dir
-from .greedy import greedy_generate
+from .greedy import greedy_generate, sampled_generate
 from .hf_eagle import HFEagleHead
 from .hf_models import load_models
 from .hf_target import HFTarget
@@ -32,4 +32,5 @@ __all__ = [
     "load_models",
     "make_draft_input",
     "model_cache_dir",
+    "sampled_generate",
 ]

@@ -1,4 +1,6 @@
-"""The plain target-only reference: greedy decoding, one token per forward, no speculation."""
+"""The plain target-only references, one token per forward, no speculation: greedy decoding
+(`greedy_generate`) and its sampled twin (`sampled_generate`: the same loop, each token drawn
+by `sampling.choose_tokens` keyed by the request's seed and the token's position)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..sampling import SamplingParams, SamplingRows, choose_tokens, per_prompt
 from .hf_target import HFTarget
 
-__all__ = ["greedy_generate", "prefill", "prefill_batch"]
+__all__ = ["greedy_generate", "prefill", "prefill_batch", "sampled_generate"]
 
 
 def _check_prompts(model: HFTarget, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
@@ -76,6 +79,51 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
         lens = lens + 1
         for o, t in zip(out, last.tolist()):
             o.append(t)
-    if eos_id is not None:
-        out = [o[:o.index(eos_id) + 1] if eos_id in o else o for o in out]
-    return out
+    return _cut_at_eos(out, eos_id)
+
+
+@torch.no_grad()
+def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                     sampling: SamplingParams | Sequence[SamplingParams], eos_id: int | None = None
+                     ) -> list[list[int]]:
+    """`greedy_generate` with each prompt's ``sampling`` (one for all, or one per prompt; a
+    sampled one needs its seed): the token at position t is drawn from the filtered
+    distribution with the uniforms keyed by (seed, t), so any engine drawing through the same
+    function emits these tokens. ``eos_id``: each output ends at its first eos, as there."""
+    _check_prompts(target, prompts, max_new_tokens)
+    per = per_prompt(sampling, len(prompts))
+    for i, s in enumerate(per):
+        if not isinstance(s, SamplingParams):
+            raise TypeError(f"sampling[{i}]={s!r}: must be a SamplingParams")
+        if not s.greedy and s.seed is None:
+            raise ValueError(f"sampling[{i}]: seed=None; a sampled reference needs its seed")
+    dev = target.embed.weight.device
+    b = len(prompts)
+    rows = SamplingRows.of(per, dev)
+    cache = target.new_cache(b + 1)
+    last_logits = []
+    for i, p in enumerate(prompts):
+        logits, _ = prefill(target, cache, i + 1, p)
+        last_logits.append(logits[-1])
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    last = choose_tokens(torch.stack(last_logits)[:, None], lens[:, None], rows)[:, 0]
+    out = [[t] for t in last.tolist()]
+    slots = torch.arange(1, b + 1, device=dev)
+    for _ in range(max_new_tokens - 1):
+        if eos_id is not None and all(eos_id in o for o in out):
+            break
+        lk = int(lens.max()) + 1
+        mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
+        logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
+        last = choose_tokens(logits, lens[:, None] + 1, rows)[:, 0]
+        lens = lens + 1
+        for o, t in zip(out, last.tolist()):
+            o.append(t)
+    return _cut_at_eos(out, eos_id)
+
+
+def _cut_at_eos(out: list[list[int]], eos_id: int | None) -> list[list[int]]:
+    """Each row up to and including its first ``eos_id`` (all of it when there is none)."""
+    if eos_id is None:
+        return out
+    return [o[:o.index(eos_id) + 1] if eos_id in o else o for o in out]

@@ -117,16 +117,17 @@ class EngineBridge:
         running = min(self.running, live)
         return {"live": live, "running": running, "waiting": live - running}
 
-    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> Stream:
-        """Queue a request (it joins the batch at the next step boundary); `QueueFull` past
-        ``max_waiting``, the engine's ValueError for a request it cannot serve."""
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int, sampling: Any = None) -> Stream:
+        """Queue a request drawing with ``sampling`` (a `SamplingParams`; None: greedy); it joins
+        the batch at the next step boundary; `QueueFull` past ``max_waiting``, the engine's
+        ValueError for a request it cannot serve."""
         loop = asyncio.get_running_loop()
         with self._wake:
             waiting = len(self._live) - self.engine.max_slots  # those the next admission leaves waiting
             if waiting >= self.max_waiting:
                 raise QueueFull(f"{waiting} requests wait already (--max-waiting={self.max_waiting})")
             try:
-                rid = self.engine.add_request(list(prompt_ids), max_tokens)
+                rid = self.engine.add_request(list(prompt_ids), max_tokens, sampling)
             except InboxFull as exc:
                 raise QueueFull(str(exc)) from None
             stream = Stream(rid, len(prompt_ids), loop)

@@ -26,7 +26,8 @@ class ServeConfig:
     from a caller that is not on loopback (None: loopback callers only); ``reload_config``: the
     file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces; ``limits``: the
     connections' deadlines and cap, and the proxy trusted to name its clients
-    (`ConnectionLimits`)."""
+    (`ConnectionLimits`); ``sampling_defaults``: (field, value) pairs a request's left-out sampling
+    fields take (the model's generation_config.json; `sampling_fields.generation_defaults`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -39,6 +40,7 @@ class ServeConfig:
     profile_dir: str | None = None
     retry_after_s: int = 1
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    sampling_defaults: tuple[tuple[str, float | int], ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("port", self.port, 0)

@@ -98,7 +98,7 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
         ids = await asyncio.to_thread(_prompt_ids, st, req)
         if st.phase != "serving":  # a drain began meanwhile
             return _not_serving(st) or error_response(503, "not serving")
-        stream = st.bridge.submit(ids, req.max_tokens)
+        streams = _submit_choices(st, ids, req)
     except BadRequest as exc:
         return error_response(exc.status, str(exc), exc.field)
     except ClientDisconnect:  # gone while sending its body: nothing was enqueued
@@ -108,7 +108,9 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
     except (ValueError, TypeError) as exc:  # the engine's own checks (a request it cannot serve)
         return error_response(400, f"prompt: {exc}", "prompt")
     rid = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    reply = _Reply(st, req, stream, rid)
+    if len(streams) > 1:
+        return await _whole_choices(request, [_Reply(st, req, s, rid) for s in streams])
+    reply = _Reply(st, req, streams[0], rid)
     if req.stream:
         return StreamingResponse(reply.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -193,6 +195,38 @@ class _Reply:
         return JSONResponse({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.st.created, "model": self.req.model, "choices": [choice],
                              "usage": self.usage()})
+
+
+def _submit_choices(st: ServeState, ids: list[int], req: GenerationRequest) -> list[Stream]:
+    """One engine request per choice (``n``), each with its `SamplingParams` (the request's
+    fields over the model's defaults); all or none: a refusal aborts those already queued."""
+    streams: list[Stream] = []
+    try:
+        for params in req.sampling.params(dict(st.config.sampling_defaults)):
+            streams.append(st.bridge.submit(ids, req.max_tokens, params))
+    except BaseException:
+        for s in streams:
+            st.bridge.abort(s)
+        raise
+    return streams
+
+
+async def _whole_choices(request: Request, replies: list[_Reply]) -> Response:
+    """The whole answer of ``n`` > 1 choices (index i: choice i), usage summed over them."""
+    bodies = []
+    for reply in replies:
+        response = await reply.whole(request)
+        if response.status_code != 200:
+            for other in replies:
+                other.st.bridge.abort(other.stream)
+            return response
+        bodies.append(json.loads(response.body))
+    out = bodies[0]
+    out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    completion = sum(b["usage"]["completion_tokens"] for b in bodies)
+    out["usage"] = {"prompt_tokens": out["usage"]["prompt_tokens"], "completion_tokens": completion,
+                    "total_tokens": out["usage"]["prompt_tokens"] + completion}
+    return JSONResponse(out)
 
 
 class _StreamFailed(RuntimeError):

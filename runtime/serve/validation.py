@@ -1,9 +1,11 @@
 """Request bodies of the OpenAI-compatible routes, checked at the edge.
 
 Every refusal is a `BadRequest` naming the field, the value and the rule (HTTP 400; an unknown
-model is 404), raised before anything reaches the engine. The server decodes greedily only, so
-sampling fields are taken only at the values that mean greedy (``temperature`` 0, ``top_p`` 1,
-``n`` 1, no ``logprobs``); any field not listed here is refused, never silently ignored.
+model is 404), raised before anything reaches the engine. Sampling fields (``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``seed``, ``n``) are checked by `sampling_fields`; what the server
+does not implement (``logprobs``, penalties other than 0, ``echo``, ``best_of`` > 1) is refused at
+the values that would change the reply, and any field not listed here is refused, never silently
+ignored (``logit_bias``, ``response_format``, ...).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .sampling_fields import RequestSampling, SamplingFieldError, parse_sampling
 
 __all__ = ["BadRequest", "GenerationRequest", "parse_body", "parse_completion", "parse_chat",
            "MAX_STOP_STRINGS"]
@@ -42,6 +46,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    sampling: RequestSampling = RequestSampling()
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -82,7 +87,7 @@ def _bool(field: str, value: Any) -> bool:
 
 def _greedy_only(field: str, value: Any, allowed: Callable[[Any], bool], rule: str) -> None:
     if value is not None and not allowed(value):
-        raise BadRequest(field, f"{_shown(value)}: {rule} (this server decodes greedily only)")
+        raise BadRequest(field, f"{_shown(value)}: {rule} (not implemented by this server)")
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -110,7 +115,7 @@ def _stream_options(value: Any, stream: bool) -> bool:
 
 
 _COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "temperature", "top_p", "n",
-           "logprobs", "user", "seed", "presence_penalty", "frequency_penalty"}
+           "logprobs", "user", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p"}
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 
@@ -125,22 +130,22 @@ def _common(data: Mapping[str, Any], allowed: set[str], model: str, max_tokens_l
         raise BadRequest("model", f"{_shown(name)} must be a string (the served model: {model!r})")
     if name != model:
         raise BadRequest("model", f"{name!r} is not served here (GET /v1/models: {model!r})", status=404)
-    _greedy_only("temperature", data.get("temperature"), lambda v: _number("temperature", v) == 0.0,
-                 "only 0 is supported")
-    _greedy_only("top_p", data.get("top_p"), lambda v: _number("top_p", v) == 1.0, "only 1 is supported")
-    _greedy_only("n", data.get("n"), lambda v: _int("n", v, 0, 1 << 30) == 1, "only 1 is supported")
+    try:
+        sampling = parse_sampling(data)
+    except SamplingFieldError as exc:
+        raise BadRequest(exc.field, str(exc)) from None
     for f in ("presence_penalty", "frequency_penalty"):
         _greedy_only(f, data.get(f), lambda v, f=f: _number(f, v) == 0.0, "only 0 is supported")
     if data.get("user") is not None and not isinstance(data["user"], str):
         raise BadRequest("user", f"{_shown(data['user'])} must be a string")
-    if data.get("seed") is not None:
-        _int("seed", data["seed"], -(1 << 63), (1 << 64) - 1)  # greedy: the seed changes nothing
     raw_max = data.get(max_tokens_field, data.get("max_tokens"))
     field = max_tokens_field if data.get(max_tokens_field) is not None else "max_tokens"
     max_tokens = DEFAULT_MAX_TOKENS if raw_max is None else _int(field, raw_max, 1, max_tokens_limit)
     stream = False if data.get("stream") is None else _bool("stream", data["stream"])
+    if stream and sampling.n > 1:
+        raise BadRequest("n", f"{sampling.n}: n > 1 is answered whole, not streamed (stream=false)")
     return {"model": name, "max_tokens": max_tokens, "stop": _stop(data.get("stop")), "stream": stream,
-            "include_usage": _stream_options(data.get("stream_options"), stream)}
+            "include_usage": _stream_options(data.get("stream_options"), stream), "sampling": sampling}
 
 
 def parse_completion(data: Mapping[str, Any], model: str, max_tokens_limit: int) -> GenerationRequest:

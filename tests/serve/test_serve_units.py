@@ -53,7 +53,12 @@ def test_a_non_loopback_host_without_token_warns_that_admin_is_off():
 
 
 @pytest.mark.parametrize("data, field", [
-    ({"model": "m", "prompt": "x", "top_p": 0.5}, "top_p"),
+    ({"model": "m", "prompt": "x", "top_p": 0.0}, "top_p"),
+    ({"model": "m", "prompt": "x", "top_k": 2.5}, "top_k"),
+    ({"model": "m", "prompt": "x", "min_p": -0.1}, "min_p"),
+    ({"model": "m", "prompt": "x", "seed": -1}, "seed"),
+    ({"model": "m", "prompt": "x", "n": 2, "stream": True}, "n"),
+    ({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
     ({"model": "m", "prompt": "x", "stop": ["a"] * 5}, "stop"),
     ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
