@@ -127,6 +127,30 @@ def test_the_unroll_is_the_engines_draft_geometry(trained):
     assert outs[2].shape[1] == feats.shape[1] - 2
 
 
+def test_the_simulated_chain_is_the_engines(trained):
+    """head_eval's walk against the real engine (eager, chain S=3) on the held-out answers: the
+    same tokens, and the same acceptance up to the last step (the engine may accept drafts past
+    the answer's end, which the walk does not count)."""
+    from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.engine.engine import SpecDecodeEngine
+
+    root, *_ = trained
+    target, head = load_models(root / "target", root / "head", dtype="float32", max_len=256)
+    args = RuntimeArgs(SpeculativeConfig(3, 1, 4), CudaGraphConfig(PhaseGraphConfig(max_bs=2)),
+                       max_running_requests=2)
+    for s in _held_out(root / "head")[:3]:
+        want = s.tokens[s.answer:].tolist()
+        engine = SpecDecodeEngine(args, target, head, backend="eager")
+        try:
+            out = engine.generate([s.tokens[:s.answer].tolist()], len(want))[0]
+            eng = engine.stats()["accept_length_mean"]
+        finally:
+            engine.close()
+        sim = accept_length(head, [s], (3,))[3]
+        assert out[:len(want)] == want
+        assert sim - 1e-9 <= eng <= sim * (1 + 3 / (len(want) - 1)) + 1e-9, (sim, eng)
+
+
 def test_bad_prompt_files_and_settings_name_the_field(tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "hi"}\n{"messages": []}\n')
