@@ -1,4 +1,5 @@
-"""The `draftgraph` command: simulate (a serving loop), generate, info, bench, serve (HTTP).
+"""The `draftgraph` command: simulate (a serving loop), generate, info, bench, serve (HTTP),
+train-head (an EAGLE-3 head for a transformers target).
 
 Bad flags and bad values exit 2 with one line naming the field; a bad reload file during
 `simulate` is reported and the loop keeps serving the previous state; Ctrl-C prints one line and
@@ -38,6 +39,7 @@ from .profile_report import format_table
 from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
+from .train_head import add_train_head_parser, run_train_head
 
 DEFAULT_ADAPTIVE = "1,2,3,4,5"  # simulate's --adaptive when neither it nor --schedule is given
 
@@ -128,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="phases captured beside the draft step, as for simulate (what an off band captures)")
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     _serve_parser(sub)
+    add_train_head_parser(sub)
     return ap
 
 
@@ -651,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(ns)
         if ns.cmd == "bench":
             return _bench()
+        if ns.cmd == "train-head":
+            return run_train_head(ns)
         if ns.cmd == "serve":
             return _serve(ns, hup)
         return _simulate(ns, hup)
