@@ -2,8 +2,10 @@
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` lines, and their token ids through the
 model's own chat template (plain encoding when the tokenizer has none, or when asked ``raw``).
 
-The project ships a set of held-out chat prompts (`demo_prompts`, ``data/demo_prompts.jsonl``)
-that `simulate` and the benchmarks send to a model with a chat template.
+The project ships a set of chat prompts (``data/chat_prompts.jsonl``): `draftgraph train-head`
+trains on all but its last `HELD_OUT`; those held-out ones (`demo_prompts`) are what `simulate`
+and the benchmarks send to a model with a chat template, so a figure never comes from a prompt a
+head was trained on.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatPrompt", "DEMO_PROMPTS", "demo_prompts", "encode_all", "encode_prompt", "encode_text",
+__all__ = ["ChatPrompt", "HELD_OUT", "SHIPPED_PROMPTS", "demo_prompts", "encode_all", "encode_prompt", "encode_text",
            "has_chat_template", "read_prompt_file"]
 
-DEMO_PROMPTS = Path(__file__).resolve().parent / "data" / "demo_prompts.jsonl"
+SHIPPED_PROMPTS = Path(__file__).resolve().parent / "data" / "chat_prompts.jsonl"
+HELD_OUT = 40  # the shipped set's last prompts: evaluation and demos only, never trained on
 ROLES = ("system", "user", "assistant")
 MAX_LINES = 100_000
 
@@ -74,7 +77,7 @@ def read_prompt_file(path: str | Path) -> list[ChatPrompt]:
 
 def demo_prompts(n: int | None = None) -> list[ChatPrompt]:
     """The shipped held-out chat prompts (the first ``n``, repeated in order when n is larger)."""
-    items = read_prompt_file(DEMO_PROMPTS)
+    items = read_prompt_file(SHIPPED_PROMPTS)[-HELD_OUT:]
     if n is None:
         return items
     return [items[i % len(items)] for i in range(n)]
