@@ -195,12 +195,12 @@ def _generate(ns: argparse.Namespace) -> int:
     from .loading import load_text_models, model_source
 
     args = build_args(ns)
+    sampling = sampling_from(ns)  # checked before the models load
     target, draft, tok = load_text_models(ns.target, ns.draft, ns.dtype, ns.max_len, ns.seed)
     source = model_source(ns.target, ns.draft, ns.seed)
     ids = tok.encode(ns.text)
     from .simulate import describe_models, wait_with_progress
 
-    sampling = sampling_from(ns)
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                               progress=wait_with_progress)
     start = time.perf_counter()
