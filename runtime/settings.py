@@ -13,6 +13,7 @@ before. `read_settings` reads them all at once for a report (``draftgraph info``
 | ``DRAFTGRAPH_COMPILED`` | "0" / else, on | the compiled-code store (`compile_store`) |
 | ``DRAFTGRAPH_COMPILED_DIR`` | folder, ``$DRAFTGRAPH_CACHE/compiled`` | where the store keeps compiled code |
 | ``DRAFTGRAPH_COMPILED_MAX_MB`` | MiB in (0, 2**30], 512 | the store's size cap |
+| ``DRAFTGRAPH_TARGET`` | "smollm2" / "toy" / folder or id, "smollm2" | the commands' target without ``--target`` |
 | graphs/' variables | see `draftgraph.graphs.settings` | ``_DEBUG``, ``_DEBUG_EVERY``, ``_NVTX``, |
 | | | ``_TRACE_REPLAY``, ``_COMPILE_SYMBOLIC``, ``_CACHE`` |
 
@@ -29,11 +30,19 @@ from typing import Any
 
 from draftgraph.graphs.settings import GraphSettings, cache_root
 
-__all__ = ["DEFAULT_COMPILED_MAX_BYTES", "MAX_COMPILED_CAP_MB", "Settings", "compile_process", "compiled_dir",
+__all__ = ["DEFAULT_COMPILED_MAX_BYTES", "DEFAULT_TARGET", "default_target",
+           "MAX_COMPILED_CAP_MB", "Settings", "compile_process", "compiled_dir",
            "compiled_max_bytes", "compiled_store_on", "draft_checks", "read_settings"]
 
 DEFAULT_COMPILED_MAX_BYTES = 512 << 20
 MAX_COMPILED_CAP_MB = 1 << 30  # DRAFTGRAPH_COMPILED_MAX_MB's largest value (1 PiB): past it, a typo
+DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (models/smollm2.py); "toy": the byte-level pair
+
+
+def default_target() -> str:
+    """``DRAFTGRAPH_TARGET``: what the commands serve without ``--target`` ("smollm2", the default;
+    "toy", the embedded byte-level pair the tests use; or a checkpoint folder or id)."""
+    return os.environ.get("DRAFTGRAPH_TARGET", "").strip() or DEFAULT_TARGET
 
 
 def compile_process() -> bool:
@@ -86,6 +95,7 @@ class Settings:
     compiled: bool
     compiled_dir: Path
     compiled_max_bytes: int
+    target: str
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: graphs' settings nested, folders as strings."""
@@ -96,4 +106,5 @@ class Settings:
 def read_settings() -> Settings:
     """All of them now (ValueError naming the first junk value)."""
     return Settings(graphs=GraphSettings.read(), compile_process=compile_process(), draft_checks=draft_checks(),
-                    compiled=compiled_store_on(), compiled_dir=compiled_dir(), compiled_max_bytes=compiled_max_bytes())
+                    compiled=compiled_store_on(), compiled_dir=compiled_dir(), compiled_max_bytes=compiled_max_bytes(),
+                    target=default_target())

@@ -29,7 +29,7 @@ from scripts.benchutil import machine_info  # noqa: E402
 BENCHES = ("bench_engine", "bench_organize", "bench_graphs", "bench_replay", "bench_reload",
            "bench_topology", "bench_ranks", "bench_soak", "bench_compile", "bench_refit",
            "bench_profile", "bench_metrics", "bench_schedule", "bench_ready", "bench_verify",
-           "bench_step_graphs", "bench_hf", "bench_serve", "bench_load")
+           "bench_step_graphs", "bench_hf", "bench_real", "bench_serve", "bench_load")
 
 
 def _machine_label(m: dict) -> str:

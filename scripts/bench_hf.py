@@ -200,6 +200,10 @@ def _round_ratio(base: list[float], other: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    if argv and any(x == "--target" or x.startswith("--target=") for x in argv):
+        from scripts import bench_real  # the real model (SmolLM2 or a checkpoint): its own systems and rows
+
+        return bench_real.main(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="8 new tokens, one round, a briefly trained assistant, "

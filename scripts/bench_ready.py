@@ -233,7 +233,7 @@ def _ready_s(r: dict[str, Any]) -> float:
 
 def _demo(env: dict[str, str]) -> tuple[dict[str, Any], float]:
     start = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "simulate", "--json"], env=env,
+    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "simulate", "--target", "toy", "--json"], env=env,
                        capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - start
     if p.returncode != 0:
@@ -243,7 +243,7 @@ def _demo(env: dict[str, str]) -> tuple[dict[str, Any], float]:
 
 def _simulate(env: dict[str, str], *flags: str) -> tuple[dict[str, Any], float]:
     start = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "simulate", "--json", *flags],
+    p = subprocess.run([sys.executable, "-m", "draftgraph.runtime", "simulate", "--target", "toy", "--json", *flags],
                        env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - start
     if p.returncode != 0:

@@ -39,7 +39,7 @@ import psutil
 
 from scripts.benchutil import emit, record, target
 
-MODEL = "draftgraph-default"
+MODEL = "draftgraph-toy"  # the server and the bare engine both serve the toy pair (--target toy)
 PROMPTS = ["Hello there", "The quick brown fox", "Once upon a time, in a land", "def main():",
            "Speculative decoding is", "In the beginning", "import torch\n", "A long time ago",
            "She said that", "The engine steps", "Graphs captured once", "Why is the sky"]
@@ -70,9 +70,9 @@ def _free_port() -> int:
 def start_server(backend: str, streams: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime", "serve", "--port", str(port),
-                             "--backend", backend, "--max-running", str(max(8, streams)), "--max-bs",
-                             str(max(8, streams)), "--max-waiting", "64"], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "draftgraph.runtime", "serve", "--target", "toy",
+                             "--port", str(port), "--backend", backend, "--max-running", str(max(8, streams)),
+                             "--max-bs", str(max(8, streams)), "--max-waiting", "64"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -235,14 +235,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds = a.rounds or (1 if a.quick else 5)
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
     from draftgraph.runtime.engine import SpecDecodeEngine
-    from draftgraph.runtime.engine.loading import load_text_models
+    from draftgraph.runtime.engine.loading import load_text_models, resolve_models
 
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
     n = max(8, a.streams)
-    target_m, draft, tok = load_text_models(None, "eagle")
+    target_m, draft, tok = load_text_models(resolve_models("toy", "eagle"))
     engine = SpecDecodeEngine(RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=n)),
                                           max_running_requests=n), target_m, draft, backend=backend, capture="auto")
     engine.generate([tok.encode(x) for x in PROMPTS[:a.streams]], 8)  # warm

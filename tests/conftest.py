@@ -28,6 +28,10 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 # The compiled-code store is off unless a test turns it on (tests/graphs/test_compile_store.py): a
 # test that counts compiles must not load what an earlier test stored.
 os.environ.setdefault("DRAFTGRAPH_COMPILED", "0")
+# The commands' default target is SmolLM2 (a 538 MB conversion, 30 layers): the tests and the
+# commands they start serve the small embedded pair unless a test names a target (the slow tier
+# runs the real model by name: tests/models/test_smollm2.py).
+os.environ.setdefault("DRAFTGRAPH_TARGET", "toy")
 
 # The support modules, importable by bare name from every test folder (and by this file).
 SUPPORT = pathlib.Path(__file__).resolve().parent / "support"

@@ -25,11 +25,12 @@ from draftgraph.runtime.worker.reload import PreparedReload
 from .policy import StepPolicy, build_policy
 from .stats import EngineStats
 
-__all__ = ["StepBoundary", "CUDA_CAPTURE_BUDGET_S"]
+__all__ = ["StepBoundary", "CUDA_CAPTURE_BUDGET_S", "MAX_PREPARE_STEPS"]
 
 logger = logging.getLogger(__name__)
 
 CUDA_CAPTURE_BUDGET_S = 0.05  # step-boundary capture time per step (CUDA units)
+MAX_PREPARE_STEPS = 4  # a swap reload waits this many steps for its graphs, then lands serving eager
 
 
 class StepBoundary:
@@ -54,6 +55,7 @@ class StepBoundary:
         self.coordinator: Any = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
         self.prepared: PreparedReload | None = None  # a reload waiting for its graphs
+        self.prepared_steps = 0  # boundaries the prepared reload has waited at
         self._generation_seen = worker.generation
         self.policy: StepPolicy = self._new_policy()
 
@@ -155,6 +157,7 @@ class StepBoundary:
             self.worker.reloads.discard(self.prepared, f"superseded by a reload to {new_args.speculative}",
                                        superseded=True)
             self.prepared = None
+        self.prepared_steps = 0
         if policy == "release_first":
             self.policy.release()
         try:
@@ -186,10 +189,21 @@ class StepBoundary:
 
     def _commit_prepared(self) -> None:
         """Swap in a prepared reload whose graphs are all ready (or drop it when one of its
-        captures failed: build-then-swap stays transactional)."""
+        captures failed: build-then-swap stays transactional). One that waited
+        `MAX_PREPARE_STEPS` boundaries lands now, its missing sizes served eager until their
+        units (queued first now: the active state's) are done, counted: units the old state
+        still had pending are released with it, so a reload cannot wait behind them for ever."""
         prepared = self.prepared
-        if prepared is None or not prepared.ready:
+        if prepared is None:
             return
+        if not prepared.ready:
+            self.prepared_steps += 1
+            if self.prepared_steps < MAX_PREPARE_STEPS:
+                return
+            if not prepared.failed_sizes:
+                self.stats.add("reloads_landed_unready")
+                logger.warning("reload to %s lands before its graphs (%d boundaries waited): eager until ready",
+                               prepared.args.speculative, self.prepared_steps)
         self.prepared = None
         failed = prepared.failed_sizes
         if failed:

@@ -1,4 +1,5 @@
-"""The `draftgraph` command: simulate (a serving loop), generate, info, bench, serve (HTTP).
+"""The `draftgraph` command: simulate (a serving loop), generate, info, bench, serve (HTTP),
+train-head (an EAGLE-3 head for a transformers target).
 
 Bad flags and bad values exit 2 with one line naming the field; a bad reload file during
 `simulate` is reported and the loop keeps serving the previous state; Ctrl-C prints one line and
@@ -38,6 +39,7 @@ from .profile_report import format_table
 from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .simulate import SimulationConfig, run_simulation
+from .train_head import add_train_head_parser, run_train_head
 
 DEFAULT_ADAPTIVE = "1,2,3,4,5"  # simulate's --adaptive when neither it nor --schedule is given
 
@@ -55,14 +57,16 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capture", default="auto", choices=["auto", "background", "blocking"],
                    help="capture graphs off the serving path (background) or before serving (blocking); "
                         "auto (default): before serving on a CPU with fewer than 4 cores, else background")
-    p.add_argument("--draft", default="eagle", metavar="eagle|multi_layer|DIR",
-                   help="the embedded draft (eagle, multi_layer) or, with --target, a published EAGLE-1/2 "
-                        "or EAGLE-3 head's folder")
-    p.add_argument("--target", default=None, metavar="DIR_OR_ID",
-                   help="a transformers checkpoint (save_pretrained folder or hub id) as the target "
-                        "(default: the embedded target)")
-    p.add_argument("--dtype", default="float64", choices=["float64", "float32", "bfloat16"],
-                   help="dtype of a --target checkpoint and its head")
+    p.add_argument("--draft", default=None, metavar="eagle|multi_layer|DIR",
+                   help="the draft: a published EAGLE-1/2 or EAGLE-3 head's folder (default: the target's own "
+                        "default head); with --target toy the embedded eagle (default) or multi_layer")
+    p.add_argument("--target", default=None, metavar="smollm2|toy|DIR_OR_ID",
+                   help="the target: smollm2 (SmolLM2-135M-Instruct, the default; $DRAFTGRAPH_TARGET changes "
+                        "it), toy (the embedded byte-level pair) or a transformers checkpoint (save_pretrained "
+                        "folder or hub id)")
+    p.add_argument("--dtype", default=None, choices=["float64", "float32", "bfloat16"],
+                   help="dtype of a transformers target and its head (default: float32 for smollm2, "
+                        "float64 otherwise)")
     p.add_argument("--max-len", type=int, default=None,
                    help="cache positions per request of a --target (default 512, or its max_position_embeddings)")
     p.add_argument("--seed", type=int, default=0)
@@ -86,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="a long-running serving loop with a final report")
     _spec_flags(sim)
     sim.add_argument("--requests", type=int, default=24)
+    sim.add_argument("--prompts", default=None, metavar="FILE",
+                     help='JSONL of {"prompt": ...} or {"messages": [...]} (default: the shipped chat prompts '
+                          "for a model with a chat template)")
     sim.add_argument("--max-loop-steps", type=int, default=2000)
     sim.add_argument("--arrival", type=float, default=0.5, help="requests arriving per step")
     sim.add_argument("--adaptive", default=None,
@@ -115,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("text")
     _spec_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=96)
+    gen.add_argument("--raw", action="store_true", help="the text as it is, without the model's chat template")
     add_sampling_flags(gen)
     info = sub.add_parser("info", help="resolved configuration, capture sizes, capacity, backend")
     _spec_flags(info)
@@ -122,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="phases captured beside the draft step, as for simulate (what an off band captures)")
     sub.add_parser("bench", help="run the benchmarks (scripts/bench_all.py)")
     _serve_parser(sub)
+    add_train_head_parser(sub)
     return ap
 
 
@@ -137,8 +146,17 @@ def _serve_parser(sub: Any) -> None:
                      help="bearer token for /admin/* from callers not on loopback")
     srv.add_argument("--reload-config", default=None, metavar="FILE", help="JSON/TOML args file SIGHUP reloads")
     srv.add_argument("--profile-dir", default=None, metavar="DIR", help="where /admin/profile writes traces")
-    srv.add_argument("--model-name", default=None, help="the model id clients name (default: draftgraph-default "
-                                                        "or the --target's name)")
+    srv.add_argument("--model-name", default=None, help="the model id clients name (default: the model's own "
+                                                        "name, e.g. SmolLM2-135M-Instruct)")
+    srv.add_argument("--request-timeout-s", type=float, default=10.0,
+                     help="a request's headers and body must arrive within this (else the connection closes)")
+    srv.add_argument("--keep-alive-s", type=float, default=5.0, help="an idle keep-alive connection closes after this")
+    srv.add_argument("--max-connections", type=int, default=0,
+                     help="open connections before 503 (0: the file limit less 64, at most 1024)")
+    srv.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="the largest request head")
+    srv.add_argument("--trust-proxy", default=None, metavar="ADDRS",
+                     help="comma-separated proxy addresses whose X-Forwarded-For names the client (default: "
+                          "none; a forwarded address never grants admin rights)")
 
 
 def _graph_phases(text: str) -> tuple[str, ...]:
@@ -162,9 +180,11 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
 
 def _info(ns: argparse.Namespace) -> int:
     from .capture_choice import choose_capture
+    from .loading import model_name
 
     args = build_args(ns)
-    out = {"speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
+    out = {"model": model_name(ns.target),
+           "speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
                            "tree_choices": args.speculative.tree_choices},
            "max_running_requests": args.max_running_requests, "decode_max_bs": args.decode.max_bs,
@@ -191,37 +211,44 @@ def _info(ns: argparse.Namespace) -> int:
 
 def _generate(ns: argparse.Namespace) -> int:
     from ..models import greedy_generate, sampled_generate
+    from ..models.hf_text import eos_id_of
+    from ..models.prompt_file import encode_prompt, has_chat_template
     from .engine import SpecDecodeEngine
-    from .loading import load_text_models, model_source
+    from .loading import load_text_models, model_source, resolve_models
 
     args = build_args(ns)
     sampling = sampling_from(ns)  # checked before the models load
-    target, draft, tok = load_text_models(ns.target, ns.draft, ns.dtype, ns.max_len, ns.seed)
-    source = model_source(ns.target, ns.draft, ns.seed)
-    ids = tok.encode(ns.text)
+    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    target, draft, tok = load_text_models(choice, ns.max_len, ns.seed)
+    source = model_source(choice, ns.seed)
+    ids = encode_prompt(tok, ns.text, raw=ns.raw)
+    chat = has_chat_template(tok) and not ns.raw
+    eos = eos_id_of(tok)
     from .simulate import describe_models, wait_with_progress
 
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
-                              progress=wait_with_progress)
+                              progress=wait_with_progress, eos_id=eos)
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens, sampling)[0]
     spec_s = time.perf_counter() - start
     engine.close()
     start = time.perf_counter()
     plain = "greedy" if sampling is None else "plain sampling"
-    ref = (greedy_generate(target, [ids], ns.max_new_tokens) if sampling is None
-           else sampled_generate(target, [ids], ns.max_new_tokens, sampling))[0]
+    ref = (greedy_generate(target, [ids], ns.max_new_tokens, eos) if sampling is None
+           else sampled_generate(target, [ids], ns.max_new_tokens, sampling, eos_id=eos))[0]
     greedy_s = time.perf_counter() - start
-    print(ns.text + tok.decode(out))
+    shown = [t for t in out if t != eos]
+    print(tok.decode(shown, skip_special_tokens=True).strip() if chat else ns.text + tok.decode(shown))
     st = engine.stats()
     if sampling is not None:
         print(f"\n-- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, top_k {sampling.top_k}, "
               f"min_p {sampling.min_p}, seed {sampling.seed} (--sampling-seed {sampling.seed} replays it)")
     print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
-          f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.0f} vs "
-          f"{len(ref) / greedy_s:.0f} tokens/s), identical to {plain}: {out == ref}")
+          f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.1f} vs "
+          f"{len(ref) / greedy_s:.1f} tokens/s), identical to {plain}: {out == ref}")
     models = describe_models(target, draft, source)
-    print(f"-- target: {models['target']}\n-- draft: {models['draft']}")
+    print(f"-- model: {choice.name}{' (chat template)' if chat else ''}\n-- target: {models['target']}\n"
+          f"-- draft: {models['draft']}")
     return 0
 
 
@@ -234,23 +261,27 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
+    from ..serve.connections import ConnectionLimits
     from ..serve.sampling_fields import generation_defaults
     from ..serve.server import bind_socket, run_server
     from .engine import SpecDecodeEngine
-    from .loading import load_text_models
+    from .loading import load_text_models, resolve_models
 
     args = build_args(ns)
     token = read_token_file(ns.admin_token_file) if ns.admin_token_file else None
-    name = ns.model_name or ("draftgraph-default" if ns.target is None else Path(ns.target.rstrip("/")).name)
+    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    name = ns.model_name or choice.name
     cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
                       reload_config=ns.reload_config, profile_dir=ns.profile_dir,
-                      sampling_defaults=tuple(generation_defaults(ns.target).items()))
+                      limits=ConnectionLimits(ns.request_timeout_s, ns.keep_alive_s, ns.max_connections,
+                                              ns.max_header_bytes, ns.trust_proxy),
+                      sampling_defaults=tuple(generation_defaults(choice.target).items()))
 
     def factory() -> tuple[Any, Any]:
-        from ..serve.text import eos_id_of
+        from ..models.hf_text import eos_id_of
 
-        target, draft, tok = load_text_models(ns.target, ns.draft, ns.dtype, ns.max_len, ns.seed)
+        target, draft, tok = load_text_models(choice, ns.max_len, ns.seed)
         return SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                                 eos_id=eos_id_of(tok)), tok
 
@@ -280,14 +311,18 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     adaptive = tuple(int(x) for x in text.split(",") if x.strip())
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
-    cfg = SimulationConfig(args=args, draft=ns.draft, backend=ns.backend, seed=ns.seed,
+    from .loading import resolve_models
+
+    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    cfg = SimulationConfig(args=args, draft=choice.draft, backend=ns.backend, seed=ns.seed,
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
                            reload_config=ns.reload_config, greedy=not ns.no_greedy,
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases,
-                           target=ns.target, dtype=ns.dtype, max_len=ns.max_len, sampling=sampling_from(ns))
+                           target=choice.target, dtype=choice.dtype, max_len=ns.max_len, prompts=ns.prompts,
+                           model_name=choice.name, sampling=sampling_from(ns))
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
         return _simulate_ranks(ns, cfg, reload_signal)
@@ -364,6 +399,13 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
     return registry
 
 
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (a traceback's: the exception and its message), clipped."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    line = lines[-1] if lines else "(no message)"
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
 def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal: Any = None) -> int:
     """N ranks as CPU processes (gloo on loopback); every rank must serve the same generation at
     every step. SIGHUP to this process reloads every rank (sent on to rank 0: `rank_reloads`)."""
@@ -377,8 +419,15 @@ def _simulate_ranks(ns: argparse.Namespace, cfg: SimulationConfig, reload_signal
     reloads = mp.get_context("spawn").Queue()
     if reload_signal is not None:
         reload_signal.attach(LauncherReloads(reloads))  # one that came while starting is sent now
+    from draftgraph.runtime.ranks.launch import RankLaunchError
+
     try:
         reports = spawn_ranks(ns.world_size, rank_simulation, args=(cfg, reloads), timeout_s=900.0)
+    except RankLaunchError as exc:  # one line per failed rank (its traceback went to its log)
+        for rank, why in sorted(exc.failures.items()):
+            print(f"draftgraph: error: simulate --world-size {ns.world_size}: rank {rank} stopped: "
+                  f"{last_line(why)}", file=sys.stderr)
+        return 2
     finally:
         if reload_signal is not None:
             reload_signal.detach()
@@ -499,9 +548,17 @@ def _phases_text(phases: dict[str, Any]) -> str:
                      + (f", {p['failed']} failed" if p["failed"] else "") for name, p in phases.items())
 
 
+def _print_answers(answers: list[dict[str, str]]) -> None:
+    """Two of the served answers, before the figures: what the model said, as a user reads it."""
+    for a in answers:
+        print(f"> {a['prompt']}\n{a['answer']}\n")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     models = r.get("models") or {}
-    rows = [("target", models.get("target", "-")), ("draft", models.get("draft", "-")),
+    _print_answers(r.get("answers") or [])
+    rows = [("model", r.get("model") or "-"), ("target", models.get("target", "-")),
+            ("draft", models.get("draft", "-")),
             ("requests", r["requests"]), ("tokens generated", r["tokens_generated"]),
             ("loop tokens/s", f"{r['tokens_per_s']:.1f}"),
             ("eager backend tokens/s (same run)", _eager_text(r)),
@@ -526,7 +583,7 @@ def _print_report(r: dict[str, Any]) -> None:
     if r.get("schedule"):
         sch = r["schedule"]
         served = ", ".join(f"{b['band']}: S={'|'.join(map(str, b['steps']))} x{b['served']}" for b in sch["bands"])
-        rows.insert(12, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
+        rows.insert(13, ("schedule (steps per band)", f"{sch['schedule']}: {served}; "
                                                      f"{sch['switches_per_100_steps']:.1f} band switches / 100 steps"))
     if r.get("greedy_interrupted"):
         rows.insert(0, ("interrupted", "Ctrl-C in the greedy baseline: the loop ran whole, the baseline did not"))
@@ -597,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(ns)
         if ns.cmd == "bench":
             return _bench()
+        if ns.cmd == "train-head":
+            return run_train_head(ns)
         if ns.cmd == "serve":
             return _serve(ns, hup)
         return _simulate(ns, hup)

@@ -1,44 +1,99 @@
-"""The models and tokenizer a command serves: the embedded defaults, or a transformers
-checkpoint (``--target``) with a published EAGLE head (``--draft DIR``).
+"""The models and tokenizer a command serves: SmolLM2-135M-Instruct with its EAGLE-3 head (the
+default), the embedded byte-level toy pair (``--target toy``), or a transformers checkpoint
+(``--target DIR``) with a published EAGLE head (``--draft DIR``).
 
-One function for every command that loads them (`generate`, `serve`), so they load the same way.
+One function for every command that loads them (`generate`, `serve`, `simulate`), so they load
+the same way: `resolve_models` turns the flags into a `ModelChoice` (named targets resolved,
+defaults filled), `load_text_models` loads it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["load_text_models", "model_source"]
+__all__ = ["ModelChoice", "load_text_models", "model_name", "model_source", "resolve_models"]
+
+TOY = "toy"
+SMOLLM2 = "smollm2"
 
 
-def load_text_models(target: str | None, draft: str, dtype: str = "float64", max_len: int | None = None,
-                     seed: int = 0) -> tuple[Any, Any, Any]:
-    """(target, draft, tokenizer): ``target`` None serves the embedded default target with the
-    embedded ``draft`` kind and the byte tokenizer; otherwise the checkpoint ``target`` with the
-    head folder ``draft`` and its own tokenizer. ValueError naming the flag for a bad pairing."""
-    from ..models import default_models, default_tokenizer
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a command serves: ``target`` a checkpoint folder or id (None: the embedded toy),
+    ``draft`` a head's folder (the toy: "eagle" or "multi_layer"), their ``dtype``, and the
+    ``name`` reports and the server give the model."""
+
+    target: str | None
+    draft: str
+    dtype: str
+    name: str
+
+
+def resolve_models(target: str | None, draft: str | None, dtype: str | None = None) -> ModelChoice:
+    """The flags as a `ModelChoice`: ``target`` None is ``DRAFTGRAPH_TARGET`` (default
+    "smollm2"); "smollm2" is the converted SmolLM2 folder with its default head, float32 unless
+    ``dtype`` says otherwise; "toy" the embedded pair in float64; anything else a checkpoint that
+    needs ``--draft DIR``. ValueError naming the flag for a bad pairing."""
     from ..models.defaults import DRAFT_KINDS
+    from ..settings import default_target
 
-    if target is None:
-        if draft not in DRAFT_KINDS:
-            raise ValueError(f"--draft={draft!r}: without --target it must be one of {list(DRAFT_KINDS)}")
-        tgt, drf = default_models(seed=seed, draft=draft)
+    name = target or default_target()
+    if name == TOY:
+        kind = draft or "eagle"
+        if kind not in DRAFT_KINDS:
+            raise ValueError(f"--draft={kind!r}: with the toy target it must be one of {list(DRAFT_KINDS)}")
+        return ModelChoice(None, kind, dtype or "float64", model_name(TOY))
+    if draft in DRAFT_KINDS:
+        raise ValueError(f"--draft={draft!r}: the embedded drafts serve the toy target only (--target toy); "
+                         f"--target {name} needs --draft DIR (a published EAGLE head's folder)")
+    if name == SMOLLM2:
+        from ..models.smollm2 import MODEL_NAME, smollm2_dir
+        from ..models.smollm2_head import default_head_dir
+
+        folder = smollm2_dir()
+        return ModelChoice(str(folder), draft or str(default_head_dir(folder)), dtype or "float32", MODEL_NAME)
+    if draft is None:
+        raise ValueError(f"--target={name!r}: needs --draft DIR (a published EAGLE head's folder, or one "
+                         f"`draftgraph train-head` wrote)")
+    return ModelChoice(name, draft, dtype or "float64", model_name(name))
+
+
+def model_name(target: str | None) -> str:
+    """The name of the model ``--target`` serves, without converting or loading anything."""
+    from ..settings import default_target
+
+    name = target or default_target()
+    if name == SMOLLM2:
+        from ..models.smollm2 import MODEL_NAME
+
+        return MODEL_NAME
+    return "draftgraph-toy" if name == TOY else (Path(name.rstrip("/")).name or name)
+
+
+def load_text_models(choice: ModelChoice, max_len: int | None = None, seed: int = 0) -> tuple[Any, Any, Any]:
+    """(target, draft, tokenizer) of ``choice``: the toy with its byte tokenizer, or the
+    checkpoint with its head and its own tokenizer."""
+    if choice.target is None:
+        from ..models import default_models, default_tokenizer
+
+        tgt, drf = default_models(seed=seed, draft=choice.draft)
         return tgt, drf, default_tokenizer()
     from ..models.hf_models import load_models
     from ..models.hf_text import load_tokenizer
 
-    if draft in DRAFT_KINDS:
-        raise ValueError(f"--target={target!r}: needs --draft DIR (a published EAGLE head's folder)")
-    tgt, drf = load_models(target, draft, dtype, max_len=max_len)
-    return tgt, drf, load_tokenizer(target, tgt.vocab_size)
+    tgt, drf = load_models(choice.target, choice.draft, choice.dtype, max_len=max_len)
+    return tgt, drf, load_tokenizer(choice.target, tgt.vocab_size)
 
 
-def model_source(target: str | None, draft: str, seed: int = 0) -> dict[str, str]:
-    """Where the served models come from, for reports: the default checkpoints' folders (the
+def model_source(choice: ModelChoice, seed: int = 0) -> dict[str, str]:
+    """Where the served models come from, for reports: the toy's checkpoints' folders (the
     multi-layer draft has none: "embedded") or the given checkpoint and head."""
-    if target is not None:
-        return {"target": str(target), "draft": str(draft)}
+    if choice.target is not None:
+        return {"target": str(choice.target), "draft": str(choice.draft), "name": choice.name}
     from ..models import default_checkpoints
 
     target_dir, head_dir = default_checkpoints(seed=seed)
-    return {"target": str(target_dir), "draft": str(head_dir) if draft == "eagle" else "embedded"}
+    return {"target": str(target_dir), "draft": str(head_dir) if choice.draft == "eagle" else "embedded",
+            "name": choice.name}

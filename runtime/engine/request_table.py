@@ -2,10 +2,13 @@
 
 A request is waiting (no slot), running (a slot: its row in the per-slot device state and the
 K/V caches) or ended (finished, aborted or failed; its tokens kept until `pop_result` takes
-them). Another thread may call `add`, `result`, `pop_result` and `abort` while the serving
-thread steps: the few dict operations that move a request between live and ended are done
-under one lock, so a reader sees a request live or ended, never neither. Everything else
-(admission, ends, aborts applied) runs on the serving thread at step boundaries.
+them). One owner: only the stepping thread changes the waiting queue and the running batch.
+Another thread may call `add`, `result`, `pop_result` and `abort`: `add` and `abort` post
+messages (a bounded inbox of adds, a set of aborts) that `begin_step` applies at the step
+boundary, so no removal can race an append, and an abort applies exactly once wherever the
+request is (not yet applied, waiting, running; an ended one needs none). The few dict
+operations that move a request between live and ended are done under one lock, so a reader
+sees a request live or ended, never neither.
 """
 
 from __future__ import annotations
@@ -20,23 +23,33 @@ from draftgraph.runtime.sampling import GREEDY, SamplingParams
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 
-__all__ = ["RequestTable"]
+__all__ = ["RequestTable", "InboxFull", "MAX_INBOX"]
 
 logger = logging.getLogger(__name__)
+
+MAX_INBOX = 65536  # adds posted and not yet applied at a step boundary
+
+
+class InboxFull(RuntimeError):
+    """More adds are posted than ``max_inbox`` before a step boundary applied them."""
 
 
 class RequestTable:
     """Requests of one engine with ``max_slots`` slots (numbered 1..max_slots; slot 0 is the
     dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts;
-    ``reserve`` positions of ``max_len`` stay free for the widest verify tree."""
+    ``reserve`` positions of ``max_len`` stay free for the widest verify tree; ``max_inbox``
+    adds may wait for the next step boundary (`InboxFull` past it)."""
 
-    def __init__(self, max_slots: int, vocab_size: int, max_len: int, reserve: int, stats: EngineStats) -> None:
+    def __init__(self, max_slots: int, vocab_size: int, max_len: int, reserve: int, stats: EngineStats,
+                 max_inbox: int = MAX_INBOX) -> None:
         self.max_slots = max_slots
         self.vocab_size, self.max_len, self.reserve = vocab_size, max_len, reserve
         self.stats = stats
         self.running: list[Request] = []
         self._next_id = 0
-        self._waiting: deque[Request] = deque()
+        self.max_inbox = max_inbox
+        self._waiting: deque[Request] = deque()  # the stepping thread's alone
+        self._inbox: list[Request] = []  # posted adds (under the lock), moved to _waiting at the boundary
         self._live: dict[int, Request] = {}  # waiting or running, by id
         self._finished: dict[int, Request] = {}  # ended, not yet taken by pop_result
         self._just_finished: list[int] = []  # ids that ended in the current step
@@ -66,11 +79,14 @@ class RequestTable:
             raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
                              f"{self.reserve} positions of max_len={limit} for the verify tree")
         with self._lock:
+            if len(self._inbox) >= self.max_inbox:
+                raise InboxFull(f"{len(self._inbox)} adds wait in the inbox for a step boundary "
+                                f"(max_inbox={self.max_inbox})")
             rid = self._next_id
             self._next_id += 1
             req = Request(rid, ids, max_new_tokens, sampling)
             self._live[rid] = req
-            self._waiting.append(req)
+            self._inbox.append(req)
         return rid
 
     def result(self, rid: int) -> list[int]:
@@ -106,28 +122,38 @@ class RequestTable:
         return True
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self.running)
+        return bool(self._waiting or self.running or self._inbox)
 
     def next_batch_size(self) -> int:
         """Running requests plus the waiting ones admission has free slots for."""
-        return len(self.running) + min(len(self._waiting), len(self._free))
+        return len(self.running) + min(len(self._waiting) + len(self._inbox), len(self._free))
+
+    def counts(self) -> dict[str, int]:
+        """Requests not yet applied (inbox), waiting and running, as of now (any thread)."""
+        return {"inbox": len(self._inbox), "waiting": len(self._waiting), "running": len(self.running)}
 
     # ---- the serving thread, at step boundaries ------------------------------------------------
     def begin_step(self) -> None:
-        """Start the list of requests ending in this step; apply the aborts asked for."""
+        """Start the list of requests ending in this step; apply the posted adds, then the
+        posted aborts (each once: a request already ended needs none)."""
         self._just_finished = []
-        if not self._aborts:
+        if not self._inbox and not self._aborts:
             return
         with self._lock:
+            adds, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, set()
-        for rid in aborts:
-            req = self._live.get(rid)
-            if req is None:  # ended meanwhile
-                continue
-            if req.slot < 0:
-                self._waiting.remove(req)
-            else:
-                self.running.remove(req)
+        self._waiting.extend(adds)
+        if not aborts:
+            return
+        ended = [self._live[rid] for rid in sorted(aborts) if rid in self._live]
+        if not ended:
+            return
+        gone = {req.rid for req in ended}
+        if any(req.slot < 0 for req in ended):
+            self._waiting = deque(r for r in self._waiting if r.rid not in gone)
+        if any(req.slot >= 0 for req in ended):
+            self.running = [r for r in self.running if r.rid not in gone]
+        for req in ended:
             req.aborted = req.done = True
             self.stats.add("requests_aborted")
             self._end(req)

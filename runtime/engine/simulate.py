@@ -64,6 +64,8 @@ class SimulationConfig:
     target: str | None = None  # a transformers checkpoint (folder or hub id); draft is then a head's folder
     dtype: str = "float64"  # the transformers target's dtype
     max_len: int | None = None  # the transformers target's cache positions per request (None: its default)
+    prompts: str | None = None  # a JSONL prompt file (None: the shipped chat prompts, or held-out bytes)
+    model_name: str | None = None  # what the report calls the model
     sampling: SamplingParams | None = None  # None: greedy; request i draws with seed + i (the plain baseline too)
 
     def request_sampling(self, i: int) -> SamplingParams | None:
@@ -211,22 +213,51 @@ def run_simulation(cfg: SimulationConfig, sighup: int | None = getattr(_signal, 
             own.uninstall()
 
 
-def _models_and_prompts(cfg: SimulationConfig) -> tuple[Any, Any, list[list[int]], dict[str, str]]:
-    """(target, draft, prompts, where each model came from): the embedded defaults (their
-    checkpoints, through the same loader) and byte prompts, or the transformers checkpoints of
-    ``cfg.target`` / ``cfg.draft`` with the held-out texts in the target's vocabulary."""
-    texts = held_out_prompts(cfg.requests, seed=cfg.seed + 100)
+@dataclass(frozen=True)
+class _Workload:
+    """What the loop serves: the models, the prompts' ids (and the texts they were made from, for
+    the report's sample answers), the tokenizer and its eos id (None: requests run to their length)."""
+
+    target: Any
+    draft: Any
+    prompts: list[list[int]]
+    texts: list[str]
+    tokenizer: Any
+    eos_id: int | None
+    source: dict[str, str]
+
+
+def _models_and_prompts(cfg: SimulationConfig) -> _Workload:
+    """The embedded toy (its checkpoints, through the same loader) with byte prompts, or the
+    transformers checkpoints of ``cfg.target`` / ``cfg.draft``: real chat prompts through the
+    model's chat template when it has one (``cfg.prompts`` or the shipped set), else the held-out
+    texts in the target's vocabulary; requests stop at the model's eos."""
+    from ..models.prompt_file import demo_prompts, encode_all, has_chat_template, read_prompt_file
+
     if cfg.target is None:
+        from ..models import default_tokenizer
+
         target, draft = default_models(seed=cfg.seed, draft=cfg.draft)
         target_dir, head_dir = default_checkpoints(seed=cfg.seed)
         source = {"target": str(target_dir), "draft": str(head_dir) if cfg.draft == "eagle" else "embedded"}
-        return target, draft, [list(p) for p in texts], source
+        if cfg.prompts is not None:
+            tok = default_tokenizer()
+            items = read_prompt_file(cfg.prompts)[:cfg.requests]
+            return _Workload(target, draft, encode_all(tok, items, raw=True), [p.text for p in items], tok, None,
+                             source)
+        texts = held_out_prompts(cfg.requests, seed=cfg.seed + 100)
+        return _Workload(target, draft, [list(p) for p in texts], [], None, None, source)
     from ..models.hf_models import load_models
-    from ..models.hf_text import load_tokenizer, prompts_for
+    from ..models.hf_text import eos_id_of, load_tokenizer, prompts_for
 
     target, draft = load_models(cfg.target, cfg.draft, cfg.dtype, max_len=cfg.max_len)
-    prompts = prompts_for(texts, load_tokenizer(cfg.target, target.vocab_size), target.vocab_size)
-    return target, draft, prompts, {"target": str(cfg.target), "draft": str(cfg.draft)}
+    tok = load_tokenizer(cfg.target, target.vocab_size)
+    source = {"target": str(cfg.target), "draft": str(cfg.draft)}
+    if cfg.prompts is not None or has_chat_template(tok):
+        items = read_prompt_file(cfg.prompts)[:cfg.requests] if cfg.prompts else demo_prompts(cfg.requests)
+        return _Workload(target, draft, encode_all(tok, items), [p.text for p in items], tok, eos_id_of(tok), source)
+    texts = held_out_prompts(cfg.requests, seed=cfg.seed + 100)
+    return _Workload(target, draft, prompts_for(texts, tok, target.vocab_size), [], tok, None, source)
 
 
 def describe_models(target: Any, draft: Any, source: dict[str, str]) -> dict[str, str]:
@@ -279,7 +310,7 @@ def _arrivals(cfg: SimulationConfig, n: int) -> _Arrivals:
 
 
 def _engine_for(cfg: SimulationConfig, target: Any, draft: Any, rank: int | None,
-                registry: Any) -> SpecDecodeEngine:
+                registry: Any, eos_id: int | None = None) -> SpecDecodeEngine:
     """The simulated engine, under a `RankCoordinator` with ``rank``, its metrics in ``registry``."""
     # ranks capture blocking: every rank must replay the same graph at every step. A single
     # process asked to block fills instead: the units queued, compiled in a process per core and
@@ -288,7 +319,7 @@ def _engine_for(cfg: SimulationConfig, target: Any, draft: Any, rank: int | None
     capture = "blocking" if rank is not None else "fill" if cfg.capture == "blocking" else cfg.capture
     engine = SpecDecodeEngine(cfg.args, target, draft, backend=cfg.backend,
                               adaptive_steps=cfg.adaptive_steps or None, capture=capture,
-                              graph_phases=cfg.graph_phases,
+                              graph_phases=cfg.graph_phases, eos_id=eos_id,
                               progress=wait_with_progress if cfg.progress else None)
     if rank is not None:
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
@@ -302,18 +333,32 @@ def _engine_for(cfg: SimulationConfig, target: Any, draft: Any, rank: int | None
 def _run_simulation(cfg: SimulationConfig, rank: int | None, world_size: int,
                     reload_signal: ProcessReloadSignal | None, registry: Any = None) -> dict[str, Any]:
     rss0 = _rss_mib()
-    target, draft, prompts, source = _models_and_prompts(cfg)
+    load = _models_and_prompts(cfg)
+    target, draft, prompts = load.target, load.draft, load.prompts
     work = _arrivals(cfg, len(prompts))
-    engine = _engine_for(cfg, target, draft, rank, registry)
+    engine = _engine_for(cfg, target, draft, rank, registry, load.eos_id)
     rss_setup = _rss_mib() - rss0
     if reload_signal is not None:
         reload_signal.attach(engine)  # one that came while loading is requested now
     run = _serve(cfg, engine, prompts, work, rank, world_size, reload_signal)
     outs = [run.taken[i] if i in run.taken else _take(engine, i) for i in run.ids]
-    report = _loop_report(engine, run, describe_models(target, draft, source), work.max_new)
+    report = _loop_report(engine, run, describe_models(target, draft, load.source), work.max_new)
     report.update({"rss_setup_mib": rss_setup, "rss_loop_mib": run.rss_mib, "torch": torch.__version__,
+                   "model": cfg.model_name, "answers": _answers(load, outs),
                    "sampling": asdict(cfg.sampling) if cfg.sampling is not None else None})
-    return _with_baselines(report, cfg, engine, run, outs, target, draft, prompts, work, rank, reload_signal)
+    return _with_baselines(report, cfg, engine, run, outs, load, work, rank, reload_signal)
+
+
+def _answers(load: _Workload, outs: list[list[int]], n: int = 2) -> list[dict[str, str]]:
+    """The first ``n`` prompts and their answers as text (none for byte prompts without texts)."""
+    from ..models.hf_text import eos_id_of
+
+    if not load.texts or load.tokenizer is None:
+        return []
+    eos = eos_id_of(load.tokenizer)
+    return [{"prompt": text, "answer": load.tokenizer.decode([t for t in out if t != eos],
+                                                             skip_special_tokens=True).strip()}
+            for text, out in list(zip(load.texts, outs))[:n]]
 
 
 def _serve(cfg: SimulationConfig, engine: SpecDecodeEngine, prompts: list[list[int]], work: _Arrivals,
@@ -396,12 +441,13 @@ def _loop_report(engine: SpecDecodeEngine, run: _LoopRun, models: dict[str, str]
 
 
 def _with_baselines(report: dict[str, Any], cfg: SimulationConfig, engine: SpecDecodeEngine, run: _LoopRun,
-                    outs: list[list[int]], target: Any, draft: Any, prompts: list[list[int]], work: _Arrivals,
+                    outs: list[list[int]], load: _Workload, work: _Arrivals,
                     rank: int | None, reload_signal: ProcessReloadSignal | None) -> dict[str, Any]:
     """``report`` with the profile, the coordinator's figures, how the loop ended, and the eager
     and greedy baselines over the same requests (those that arrived; ``outs``: their outputs)."""
     ids, interrupted = run.ids, run.interrupted
     max_new, arrivals = work.max_new, work.steps
+    target, draft, prompts = load.target, load.draft, load.prompts
     if run.profile is not None:
         report["profile"] = run.profile
     if engine.coordinator is not None:
@@ -413,10 +459,10 @@ def _with_baselines(report: dict[str, Any], cfg: SimulationConfig, engine: SpecD
         report["sighup"] = reload_signal.as_dict()
     if cfg.eager_baseline and cfg.backend != "eager" and rank is None and not interrupted:
         report.update(_eager_baseline(cfg, target, draft, prompts[:len(ids)], max_new[:len(ids)],
-                                      arrivals[:len(ids)], outs, report["tokens_per_s"]))
+                                      arrivals[:len(ids)], outs, report["tokens_per_s"], load.eos_id))
     if cfg.greedy and not interrupted:
         report.update(_greedy_baseline(target, prompts[:len(ids)], max_new[:len(ids)], outs,
-                                       cfg.args.max_running_requests or 8, cfg.request_sampling))
+                                       cfg.args.max_running_requests or 8, cfg.request_sampling, load.eos_id))
         if report["greedy_tokens_per_s"]:
             report["speedup"] = report["tokens_per_s"] / report["greedy_tokens_per_s"]
         if report["greedy_interrupted"]:  # Ctrl-C in the baseline: the report of what ran
@@ -437,12 +483,12 @@ def _before_after_ready(ready: tuple[int, float, int] | None, start: float, end:
 
 def _eager_baseline(cfg: SimulationConfig, target: Any, draft: Any, prompts: list[list[int]],
                     max_new: list[int], arrivals: list[int], outs: list[list[int]],
-                    graphs_tokens_per_s: float) -> dict[str, Any]:
+                    graphs_tokens_per_s: float, eos_id: int | None = None) -> dict[str, Any]:
     """The same requests, arriving at the same steps, through an engine on the eager backend (the
     same args and adaptive candidates): the loop's tokens/s without graphs, measured in the same
     run (``eager_tokens_per_s``, ``vs_eager`` = the loop's over it) and its outputs against the
     loop's (``eager_identical``). Ctrl-C ends it: no figures."""
-    engine = SpecDecodeEngine(cfg.args, target, draft, backend="eager",
+    engine = SpecDecodeEngine(cfg.args, target, draft, backend="eager", eos_id=eos_id,
                               adaptive_steps=cfg.adaptive_steps or None, acceptance_watch=None)
     ids: list[int] = []
     taken: dict[int, list[int]] = {}
@@ -466,13 +512,15 @@ def _eager_baseline(cfg: SimulationConfig, target: Any, draft: Any, prompts: lis
 
 
 def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
-                     outs: list[list[int]], batch: int, sampling: Any = None) -> dict[str, Any]:
+                     outs: list[list[int]], batch: int, sampling: Any = None,
+                     eos_id: int | None = None) -> dict[str, Any]:
     """Target-only greedy on the same requests, in arrival order, ``batch`` at a time (with
     ``sampling(i)`` giving request i's `SamplingParams`: the plain sampled run, `sampled_generate`).
 
     ``lossless``: every output equals greedy's whole output; ``lossless_prefix``: every output
     is a prefix of greedy's (what a run cut by ``--max-loop-steps`` can show: its unfinished
-    requests hold fewer tokens); ``outputs_cut``: the outputs shorter than asked. Ctrl-C in the
+    requests hold fewer tokens); ``outputs_cut``: the outputs shorter than asked (not counting
+    those that ended at ``eos_id``: greedy's output is cut after its first eos too). Ctrl-C in the
     baseline ends it: the figures cover the groups compared (``greedy_compared``) and
     ``greedy_interrupted`` is True."""
     start = time.perf_counter()
@@ -484,17 +532,18 @@ def _greedy_baseline(target: Any, prompts: list[list[int]], max_new: list[int],
             group = range(i, min(i + batch, len(prompts)))
             params = [sampling(j) if sampling is not None else None for j in group]
             args = (target, [prompts[j] for j in group], max(max_new[j] for j in group))
-            ref = (greedy_generate(*args) if all(p is None for p in params)
-                   else sampled_generate(*args, [p or GREEDY for p in params]))
+            ref = (greedy_generate(*args, eos_id) if all(p is None for p in params)
+                   else sampled_generate(*args, [p or GREEDY for p in params], eos_id=eos_id))
             for j, r in zip(group, ref):
-                tokens += max_new[j]
+                r = r[:max_new[j]]
+                tokens += len(r)
                 compared += 1
                 same &= r[:max_new[j]] == outs[j]
                 prefix &= r[:len(outs[j])] == outs[j]
     except KeyboardInterrupt:
         interrupted = True
     s = time.perf_counter() - start
-    cut = sum(len(o) < m for o, m in zip(outs[:compared], max_new))
+    cut = sum(len(o) < m and not (o and o[-1] == eos_id) for o, m in zip(outs[:compared], max_new))
     return {"greedy_s": s, "greedy_tokens_per_s": tokens / s if tokens and s > 0 else 0.0,
             "lossless": same if compared else None, "lossless_prefix": prefix if compared else None,
             "outputs_cut": cut, "greedy_compared": compared, "greedy_interrupted": interrupted}

@@ -36,7 +36,7 @@ def accept_length(accepted: int | float, drafts: int) -> float:
 
 
 _COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "draft_tokens", "accepted",
-           "tokens_generated", "requests_finished", "requests_aborted", "requests_failed")
+           "tokens_generated", "requests_finished", "requests_aborted", "requests_failed", "reloads_landed_unready")
 _MAPS = ("accepted_per_pos", "batch_sizes", "stage_s")
 
 
@@ -57,6 +57,7 @@ class EngineStats:
     requests_finished: int = 0
     requests_aborted: int = 0  # ended by abort_request
     requests_failed: int = 0  # failed while admitted (their prefill raised)
+    reloads_landed_unready: int = 0  # swap reloads committed before their graphs (boundary.MAX_PREPARE_STEPS)
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in

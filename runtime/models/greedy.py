@@ -57,8 +57,9 @@ def prefill_batch(target: HFTarget, prompts: Sequence[Sequence[int]]) -> tuple[o
 
 @torch.no_grad()
 def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
-                    max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each.
+                    max_new_tokens: int, eos_id: int | None = None) -> list[list[int]]:
+    """Greedy continuation of every prompt (token-id lists): ``max_new_tokens`` ids each, or
+    with ``eos_id`` up to and including the first eos (decoding stops once every row has one).
 
     Prompts are prefilled one by one, then decoded together one token per forward."""
     _check_prompts(target, prompts, max_new_tokens)
@@ -69,6 +70,8 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
     slots = torch.arange(1, b + 1, device=dev)
     last = torch.tensor([o[0] for o in out], device=dev)
     for _ in range(max_new_tokens - 1):
+        if eos_id is not None and all(eos_id in o for o in out):
+            break
         lk = int(lens.max()) + 1
         mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
         logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
@@ -76,16 +79,17 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
         lens = lens + 1
         for o, t in zip(out, last.tolist()):
             o.append(t)
-    return out
+    return _cut_at_eos(out, eos_id)
 
 
 @torch.no_grad()
 def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                     sampling: SamplingParams | Sequence[SamplingParams]) -> list[list[int]]:
+                     sampling: SamplingParams | Sequence[SamplingParams], eos_id: int | None = None
+                     ) -> list[list[int]]:
     """`greedy_generate` with each prompt's ``sampling`` (one for all, or one per prompt; a
     sampled one needs its seed): the token at position t is drawn from the filtered
     distribution with the uniforms keyed by (seed, t), so any engine drawing through the same
-    function emits these tokens."""
+    function emits these tokens. ``eos_id``: each output ends at its first eos, as there."""
     _check_prompts(target, prompts, max_new_tokens)
     per = per_prompt(sampling, len(prompts))
     for i, s in enumerate(per):
@@ -106,6 +110,8 @@ def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new
     out = [[t] for t in last.tolist()]
     slots = torch.arange(1, b + 1, device=dev)
     for _ in range(max_new_tokens - 1):
+        if eos_id is not None and all(eos_id in o for o in out):
+            break
         lk = int(lens.max()) + 1
         mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
         logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
@@ -113,4 +119,11 @@ def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new
         lens = lens + 1
         for o, t in zip(out, last.tolist()):
             o.append(t)
-    return out
+    return _cut_at_eos(out, eos_id)
+
+
+def _cut_at_eos(out: list[list[int]], eos_id: int | None) -> list[list[int]]:
+    """Each row up to and including its first ``eos_id`` (all of it when there is none)."""
+    if eos_id is None:
+        return out
+    return [o[:o.index(eos_id) + 1] if eos_id in o else o for o in out]

@@ -325,6 +325,52 @@ class HFEagleHead(nn.Module):
         out1, _ = self._train_pass(x1, residual1, pos[:, 1:], keys, mask1)
         return self._logits(out), self._logits(out1)
 
+    def unroll(self, feats: torch.Tensor, next_tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """EAGLE-3's training-time test over [B, T]: pass 0 as `extend`, pass k >= 1 as the k-th
+        draft call (row t at position t + k, fed pass k - 1's output at t and next_tokens[:, t + k],
+        attending to pass 0's keys at positions <= t and to its own row in passes 1..k). Returns
+        each pass's output state (before the norm), pass k [B, T - k, dim]."""
+        b, t = next_tokens.shape
+        pos = torch.arange(t, device=feats.device).expand(b, t)
+        causal = torch.ones(t, t, dtype=torch.bool, device=feats.device).tril()
+        x, residual = self._inputs(feats.to(self.dtype), next_tokens, from_target=True)
+        out, first = self._train_pass(x, residual, pos, [], causal)
+        outs, rows = [out], []
+        for k in range(1, steps):
+            x, residual = self._inputs(outs[-1][:, :t - k], next_tokens[:, k:], from_target=False)
+            mine = [[(a[:, :t - k], v[:, :t - k]) for a, v in r] for r in rows]
+            out, own = self._row_pass(x, residual, pos[:, k:], first, mine)
+            outs.append(out)
+            rows.append(own)
+        return outs
+
+    def _row_pass(self, x: torch.Tensor, residual: torch.Tensor, pos: torch.Tensor,
+                  first: list[tuple[torch.Tensor, torch.Tensor]], rows: list[list[tuple[torch.Tensor, torch.Tensor]]]
+                  ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """A draft pass of `unroll` over n rows: each layer attends to ``first``'s K/V [B, >= n, Hk,
+        hd] at positions <= the row and to the row's own K/V in every earlier draft pass (``rows``)
+        and this one."""
+        c = self.cfg
+        n = x.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[:, None, None]
+        out, own = residual, []
+        for i, layer in enumerate(self._blocks()):
+            if i:
+                residual = out
+                x = self._next_input(i, out)
+            q, k, v = self._qkv(layer, x, pos)
+            own.append((k, v))
+            q = q.unflatten(2, (c.n_kv_heads, c.n_heads // c.n_kv_heads)) * c.head_dim ** -0.5  # [B, n, Hk, g, hd]
+            k0, v0 = first[i][0][:, :n], first[i][1][:, :n]
+            s0 = torch.einsum("btkgd,bskd->btkgs", q, k0).masked_fill(~causal, float("-inf"))
+            ks = torch.stack([r[i][0] for r in rows] + [k], -2)  # [B, n, Hk, m, hd]
+            vs = torch.stack([r[i][1] for r in rows] + [v], -2)
+            p = torch.softmax(torch.cat([s0, torch.einsum("btkgd,btkmd->btkgm", q, ks)], -1), -1)
+            att = (torch.einsum("btkgs,bskd->btkgd", p[..., :n], v0)
+                   + torch.einsum("btkgm,btkmd->btkgd", p[..., n:], vs))
+            out = self._finish(layer, residual, att.flatten(2))
+        return out, own
+
     def _train_pass(self, x: torch.Tensor, residual: torch.Tensor, pos: torch.Tensor,
                     earlier: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor
                     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:

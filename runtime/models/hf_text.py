@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TOKENIZER_FILES", "IdText", "load_tokenizer", "prompts_for"]
+__all__ = ["TOKENIZER_FILES", "IdText", "eos_id_of", "load_tokenizer", "prompts_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,16 @@ class IdText:
 
     def decode(self, ids: Sequence[int]) -> str:
         return " " + " ".join(str(i) for i in ids)
+
+
+def eos_id_of(tokenizer: Any) -> int | None:
+    """The tokenizer's end-of-sequence id (the byte tokenizer's ``eos_id``, a transformers
+    tokenizer's ``eos_token_id``), or None."""
+    for name in ("eos_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def load_tokenizer(source: str | Path, vocab_size: int) -> Any:

@@ -13,9 +13,9 @@ process: not in ``ps``, not in ``/proc/<pid>/environ``); the rank installs it wi
 its own secret (`RankCoordinator(..., secret=...)`, the same bytes on every rank, handed over as
 privately) or the ranks warn once that their messages are unauthenticated.
 
-Counters (``add``) are not signed (a c10d counter is an integer the store adds to): a forged
-count can only make a rank delete a decided reload's keys early or time out, never change what
-is served.
+Counters (``add``) are not signed (a c10d counter is an integer the store adds to), so the
+protocol uses none: a coordinator's instance is counted in its process (`next_instance`) and the
+run is named by its secret (`run_id`); a reload's end is each rank's own signed key.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 from .wire import ProtocolError
 
-__all__ = ["ForgedValue", "SignedStore", "new_secret", "process_secret", "set_process_secret", "SECRET_BYTES"]
+__all__ = ["ForgedValue", "SignedStore", "new_secret", "next_instance", "process_secret", "run_id",
+           "set_process_secret", "SECRET_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ _SEP = b"#"
 _TAG = 64  # hex digits of an HMAC-SHA256
 _process_secret: bytes | None = None
 _warned = threading.Event()
+_instances: dict[str, int] = {}
+_instances_lock = threading.Lock()
 
 
 class ForgedValue(ProtocolError):
@@ -63,6 +66,22 @@ def set_process_secret(secret: bytes | None) -> None:
 def process_secret() -> bytes | None:
     """The secret `set_process_secret` installed, or None."""
     return _process_secret
+
+
+def run_id(secret: bytes | None) -> str:
+    """A name of the run its secret stands for (12 hex digits of an HMAC: the secret is not
+    shown); "open" without one."""
+    if secret is None:
+        return "open"
+    return hmac.new(secret, b"draftgraph-run", hashlib.sha256).hexdigest()[:12]
+
+
+def next_instance(scope: str) -> int:
+    """1, 2, ... per ``scope`` in this process: the coordinators of one group, built in the same
+    order on every rank, get the same numbers without a counter in the store."""
+    with _instances_lock:
+        _instances[scope] = _instances.get(scope, 0) + 1
+        return _instances[scope]
 
 
 def warn_unauthenticated() -> None:

@@ -52,7 +52,7 @@ from draftgraph.runtime.worker.reload import RELOAD_POLICIES
 
 from ..config import RuntimeArgs
 from ..validation import ConfigTypeError, require_positive_int
-from .auth import process_secret, warn_unauthenticated
+from .auth import next_instance, process_secret, run_id, warn_unauthenticated
 from .protocol import STORE_ERRORS, ProtocolError, RankProtocol, RankTimeout
 from .two_phase import ReloadOutcome, run_reload
 
@@ -89,6 +89,7 @@ class CoordinatorStats:
     rejected: int = 0
     faults: int = 0
     forged: int = 0  # store values refused for a MAC that does not check
+    stale: int = 0  # signed values of another moment refused (a replayed proposal or free slot)
     reload_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -168,11 +169,13 @@ class RankCoordinator:
             raise ValueError(f"group={group!r}: this process (global rank {dist.get_rank()}) is not in it")
         base = store if store is not None else dist.distributed_c10d._get_default_store()  # noqa: SLF001  # no public getter
         tag = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
-        instance = base.add(f"draftgraph/{name}/{tag}/count/{self.rank}", 1)
         secret = secret if secret is not None else process_secret()
         if secret is None:
             warn_unauthenticated()
-        self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{instance}/", self.rank,
+        # the instance is counted in this process (construction is collective, in the same order
+        # on every rank), never read from the store, whose counters any local process may bump
+        instance = next_instance(f"{name}/{tag}")
+        self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{run_id(secret)}/{instance}/", self.rank,
                                    self.world_size, self.timeout_s, secret=secret)
         self.stats = CoordinatorStats()
         self.history: deque[dict[str, Any]] = deque(maxlen=64)
@@ -248,10 +251,14 @@ class RankCoordinator:
             self.history.append({"event": "rejected", "proposer": self.rank, "ok": False, "error": msg,
                                  "spec": str(args.speculative), "step": self.stats.steps})
 
-    def _leader_take(self) -> int:
-        """Leader: a pending proposal becomes reload number n (returned), else 0."""
+    def _count_refused(self) -> None:
+        self.stats.forged, self.stats.stale = self._proto.forged, self._proto.stale
+
+    def _leader_take(self, marked: bool = False) -> int:
+        """Leader: a pending proposal becomes reload number n (returned), else 0; ``marked``:
+        a proposer marked this round (`RankProtocol.take`)."""
         self._own_pending = False
-        payload = self._proto.take()
+        payload = self._proto.take(marked)
         if payload is None:
             return 0
         try:
@@ -291,20 +298,22 @@ class RankCoordinator:
             if self.is_leader:
                 r = t // self.poll_every
                 word = self._word(self._leader_take() if self._own_pending else 0)
-                if self._proto.open_round(r, (*word, mine)):  # a proposer marked this round
-                    word = self._word(self._leader_take())
-                    self._proto.close_round(r, (*word, mine))
+                if self._proto.open_round(r, (*word, mine, self._proto.epoch)):  # a proposer marked it
+                    word = self._word(self._leader_take(marked=True))
+                    self._proto.close_round(r, (*word, mine, self._proto.epoch))
             else:
                 word = self._proto.read_round(t // self.poll_every)
         except _POLL_ERRORS as exc:
-            self.stats.forged = self._proto.forged
+            self._count_refused()
             self._fault(f"poll at step {t} failed: {exc}")
             return self.worker.state.generation
-        self.stats.forged = self._proto.forged
+        self._count_refused()
         self.stats.polls += 1
         self.stats.poll_s += time.perf_counter() - start
-        if not self.is_leader and len(word) == 4 and word[3] != mine:
+        if not self.is_leader and len(word) >= 4 and word[3] != mine:
             self._diverged(t, word)
+        if not self.is_leader and len(word) >= 5:
+            self._proto.epoch = max(self._proto.epoch, word[4])  # the slot's epoch, as the leader knows it
         self._follow(word[:3])
         return self.worker.state.generation
 
@@ -415,7 +424,7 @@ class RankCoordinator:
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
         seconds = time.perf_counter() - start
         self.stats.reload_s += seconds
-        self.stats.forged = self._proto.forged
+        self._count_refused()
         self.history.append({"event": "reload", "reload": n, "proposer": out.proposer, "spec": str(out.spec),
                              "policy": out.policy, "ok": out.reason is None, "error": out.reason,
                              "step": self.stats.steps - 1, "prepare_s": out.prepare_s, "seconds": seconds,

@@ -19,7 +19,18 @@ ints), never a pickle: the store has no authentication, so what it holds is not 
 a forgery in a key it writes (a round word, the proposal slot, a decision) it writes its own
 value over it, and readers wait (bounded by the timeout) for a value that checks.
 ``reload/<n>`` and ``decision/<n>`` are deleted once every rank has read them (each rank, after
-the decision, adds to ``done/<n>``; the last one deletes them), so the store stays bounded.
+the decision, writes its signed ``done/<n>/<rank>``; the rank that finds every rank's there
+deletes them), so the store stays bounded.
+
+Bound to their moment: a signed value's MAC covers the run (the namespace: a run id derived
+from the secret, and the coordinator's instance, counted in each process, not in the store), its
+key (the round r, the reload n, the rank) and its payload. The proposal slot is the one key that
+is written again and again, so its values carry the slot's epoch (the leader's count of
+releases): a free slot is ``-<epoch>``, a proposal names the epoch of the free slot it took. The
+leader refuses a proposal or a free value of another epoch, and a marked round whose slot is
+free (a proposal dropped by a replayed free value): each counted in ``stale`` and logged, never
+obeyed. Proposers learn the epoch from the free slot and from every poll word, so an old
+proposal parked in the slot is replaced, not waited behind.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ __all__ = ["RankProtocol", "RankTimeout", "ProtocolError", "open_store", "FREE",
 
 logger = logging.getLogger(__name__)
 
-FREE = b"-"  # the proposal slot holds no proposal
+FREE = b"-"  # the proposal slot holds no proposal (epoch 0; later epochs: wire.free_slot)
 _MARK = b"P"  # a proposer's mark on a round: the leader must look at the proposal slot
 _ABSENT = b"\x00absent"  # expected value of `peek`: no rank writes it (every value is ASCII)
 _ROUND_WINDOW = 1024  # rounds a lagging rank may fall behind the leader before keys are dropped
@@ -108,8 +119,10 @@ class RankProtocol:
         self._store: Any = self._signed if self._signed is not None else raw
         self._gc: threading.Thread | None = None
         self._gc_next = 0  # rounds before it are deleted (or being deleted)
+        self.epoch = 0  # leader: the slot's epoch (releases so far); others: the latest word's
+        self.stale = 0  # values of another moment refused (an old proposal, a replayed free slot)
         if rank == 0:
-            self._store.set("proposal", FREE)
+            self._store.set("proposal", wire.free_slot(0))
 
     @property
     def is_leader(self) -> bool:
@@ -217,40 +230,75 @@ class RankProtocol:
     def offer(self, proposal: tuple[int, RuntimeArgs, str]) -> tuple[int, RuntimeArgs, str] | None:
         """Put (rank, args, policy) into the free slot; returns None, or the proposal holding it.
 
-        A slot held by something that is not a proposal (written by no rank of ours) is taken
-        over, logged: it would otherwise refuse every proposal until the leader looked."""
-        payload = wire.encode_proposal(*proposal)
+        A slot held by something that is not a proposal of this moment (written by no rank of
+        ours, or a proposal of an older epoch) is taken over, logged: it would otherwise refuse
+        every proposal until the leader looked."""
         try:
-            now = self._store.compare_set("proposal", FREE, payload)
+            now = self.peek("proposal")
         except ForgedValue:  # the slot holds a forgery: ours replaces it
             logger.warning("rank %d: replacing a forged value in the proposal slot", self.rank)
+            self._store.set("proposal", wire.encode_proposal(*proposal, self.epoch))
+            return None
+        epoch = wire.free_epoch(now) if now is not None else self.epoch
+        if epoch is not None:
+            return self._offer_over(now if now is not None else b"", wire.encode_proposal(*proposal, epoch))
+        try:
+            holder = wire.decode_proposal("proposal", now, self.world_size)
+            held_epoch = wire.proposal_epoch("proposal", now)
+        except ProtocolError as exc:
+            logger.warning("rank %d: replacing what holds the proposal slot: %s", self.rank, exc)
+            return self._offer_over(now, wire.encode_proposal(*proposal, self.epoch))
+        if held_epoch < self.epoch:  # made before the leader's latest release: replayed, stale
+            self.stale += 1
+            logger.error("rank %d: the proposal slot holds a proposal of epoch %d (now %d): a replayed "
+                         "message, refused and replaced", self.rank, held_epoch, self.epoch)
+            return self._offer_over(now, wire.encode_proposal(*proposal, self.epoch))
+        return holder
+
+    def _offer_over(self, expected: bytes, payload: bytes) -> tuple[int, RuntimeArgs, str] | None:
+        """compare_set ``payload`` over ``expected``; None when it is in, else the holder."""
+        try:
+            now = self._store.compare_set("proposal", expected, payload)
+        except ForgedValue:  # a forgery came meanwhile: ours replaces it
             self._store.set("proposal", payload)
             return None
         if now == payload:
             return None
-        try:
-            return wire.decode_proposal("proposal", now, self.world_size)
-        except ProtocolError as exc:
-            logger.warning("rank %d: replacing what holds the proposal slot: %s", self.rank, exc)
-            now2 = self._store.compare_set("proposal", now, payload)
-            return None if now2 == payload else wire.decode_proposal("proposal", now2, self.world_size)
+        if wire.free_epoch(now) is not None:  # freed meanwhile, in a new epoch: offer there
+            return self.offer(wire.decode_proposal("proposal", payload, self.world_size))
+        return wire.decode_proposal("proposal", now, self.world_size)
 
-    def take(self) -> bytes | None:
-        """Leader: the pending proposal's payload, or None (the slot stays held until `release`)."""
+    def take(self, marked: bool = False) -> bytes | None:
+        """Leader: the pending proposal's payload, or None (the slot stays held until `release`).
+        ``marked``: a proposer marked this round, so a free slot means a proposal was dropped.
+        A value of another epoch is refused (counted in ``stale``, logged) and the slot freed."""
         try:
             raw = self._store.get("proposal")
-        except ForgedValue:  # refused, logged with its key; the slot is freed
-            self.release()
+        except ForgedValue:  # refused, logged with its key; the slot is freed (in this epoch)
+            self._store.set("proposal", wire.free_slot(self.epoch))
             return None
-        return None if raw == FREE else raw
+        free = wire.free_epoch(raw)
+        try:
+            held = free if free is not None else wire.proposal_epoch("proposal", raw)
+        except ProtocolError:
+            return raw  # check_proposal refuses it, naming the rule
+        if held == self.epoch and not (free is not None and marked):
+            return None if free is not None else raw
+        self.stale += 1
+        what = "a free value" if free is not None else "a proposal"
+        logger.error("rank %d: the proposal slot holds %s of epoch %d (now %d%s): a replayed message, refused, "
+                     "never obeyed", self.rank, what, held, self.epoch, ", in a marked round" if marked else "")
+        self._store.set("proposal", wire.free_slot(self.epoch))
+        return None
 
     def check_proposal(self, payload: bytes) -> tuple[int, RuntimeArgs, str]:
         """Leader: the proposal in ``payload`` (from `take`), or ProtocolError."""
         return wire.decode_proposal("proposal", payload, self.world_size)
 
     def release(self) -> None:
-        """Leader: free the proposal slot after a decision."""
-        self._store.set("proposal", FREE)
+        """Leader: free the proposal slot after a decision, in the next epoch."""
+        self.epoch += 1
+        self._store.set("proposal", wire.free_slot(self.epoch))
 
     def post_reload(self, n: int, payload: bytes) -> None:
         """Leader: make the proposal reload number n."""
@@ -324,14 +372,23 @@ class RankProtocol:
         return self._decision(n, raw)
 
     def finish(self, n: int) -> None:
-        """This rank is done with reload n (it knows the decision): drop its vote; the last rank
-        to finish deletes ``reload/<n>``, ``decision/<n>`` and the counter, so the store holds
-        no key of a decided reload (a rank that gave up on a lost store leaves them: bounded
-        by the reloads that failed that way)."""
+        """This rank is done with reload n (it knows the decision): drop its vote and say so in
+        its signed ``done/<n>/<rank>``; the rank that finds every rank's there (each checked)
+        deletes ``reload/<n>``, ``decision/<n>`` and the done keys, so the store holds no key of
+        a decided reload and no value another process writes can delete them while a rank
+        still reads (a rank that gave up on a lost store leaves them: bounded by the reloads
+        that failed that way)."""
         self._store.delete_key(f"vote/{n}/{self.rank}")
-        if self._store.add(f"done/{n}", 1) == self.world_size:
-            for key in (f"reload/{n}", f"decision/{n}", f"done/{n}"):
-                self._store.delete_key(key)
+        self._store.set(f"done/{n}/{self.rank}", b"1")
+        keys = [f"done/{n}/{r}" for r in range(self.world_size)]
+        for key in keys:
+            try:
+                if self.peek(key) != b"1":
+                    return
+            except ForgedValue:  # refused and counted: that rank is not done
+                return
+        for key in (f"reload/{n}", f"decision/{n}", *keys):
+            self._store.delete_key(key)
 
     # ---- start-up ----------------------------------------------------------------------------
     def exchange(self, tag: str, value: Any) -> list[Any]:

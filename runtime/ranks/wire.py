@@ -2,7 +2,8 @@
 
 The store (a c10d TCPStore) has no authentication: any process that reaches its port can write
 any key. So nothing read from it is unpickled or executed: a proposal is
-``{"rank": int, "args": <RuntimeArgs as plain data>, "policy": str}``, a vote
+``{"rank": int, "args": <RuntimeArgs as plain data>, "policy": str, "epoch": int}`` (the epoch
+of the free slot it was put in: ``-<epoch>``, so an older proposal replayed is known stale), a vote
 ``{"ok": true}`` or ``{"ok": false, "error": str}``, a decision ``{"commit": true}`` or
 ``{"commit": false, "reason": str}``, a start-up fingerprint ``{str: str}``. A value that is
 not valid JSON, is too large or breaks its schema raises `ProtocolError` naming the key and the
@@ -19,7 +20,8 @@ from draftgraph.runtime.worker.reload import RELOAD_POLICIES
 from ..args_file import runtime_args_from_dict, runtime_args_to_dict
 from ..config import RuntimeArgs
 
-__all__ = ["ProtocolError", "MAX_ENTRY_BYTES", "encode_proposal", "decode_proposal", "encode_vote",
+__all__ = ["ProtocolError", "MAX_ENTRY_BYTES", "encode_proposal", "decode_proposal", "proposal_epoch", "free_slot",
+           "free_epoch", "encode_vote",
            "decode_vote", "encode_decision", "decode_decision", "encode_fingerprint", "decode_fingerprint"]
 
 MAX_ENTRY_BYTES = 1 << 20  # a proposal is a few hundred bytes; a 1 MiB entry is hostile or broken
@@ -78,16 +80,40 @@ def _text(value: str) -> str:
 
 
 # ---- proposals ---------------------------------------------------------------------------------
-def encode_proposal(rank: int, args: RuntimeArgs, policy: str) -> bytes:
-    """A reload proposal (proposer rank, args, policy) as store bytes."""
-    return _dump({"rank": int(rank), "args": runtime_args_to_dict(args), "policy": policy})
+def encode_proposal(rank: int, args: RuntimeArgs, policy: str, epoch: int = 0) -> bytes:
+    """A reload proposal (proposer rank, args, policy) as store bytes, bound to the proposal
+    slot's ``epoch`` (the free slot it was put in: `free_slot`)."""
+    return _dump({"rank": int(rank), "args": runtime_args_to_dict(args), "policy": policy, "epoch": int(epoch)})
+
+
+def proposal_epoch(key: str, raw: Any) -> int:
+    """The slot epoch a proposal was made in (0 when it names none); ProtocolError when not a
+    proposal."""
+    data = _fields(key, _load(key, raw, "reload proposal"), "reload proposal",
+                   {"rank": int, "args": dict, "policy": str}, {"epoch": int})
+    return int(data.get("epoch", 0))
+
+
+def free_slot(epoch: int) -> bytes:
+    """The value of a free proposal slot in its ``epoch`` (the leader's count of releases)."""
+    return b"-" + str(int(epoch)).encode()
+
+
+def free_epoch(raw: bytes) -> int | None:
+    """The epoch of a free slot value, or None when ``raw`` is not one (b"-" alone: epoch 0)."""
+    if not raw.startswith(b"-"):
+        return None
+    digits = raw[1:]
+    if not digits:
+        return 0
+    return int(digits) if digits.isdigit() and len(digits) < 19 else None
 
 
 def decode_proposal(key: str, raw: Any, world_size: int) -> tuple[int, RuntimeArgs, str]:
     """(rank, RuntimeArgs, policy) from store bytes; ProtocolError for anything else (the args
     pass every RuntimeArgs check)."""
     data = _fields(key, _load(key, raw, "reload proposal"), "reload proposal",
-                   {"rank": int, "args": dict, "policy": str})
+                   {"rank": int, "args": dict, "policy": str}, {"epoch": int})
     if not 0 <= data["rank"] < world_size:
         raise ProtocolError(f"store key {key!r}: proposal rank={data['rank']}: must be in [0, {world_size})")
     if data["policy"] not in RELOAD_POLICIES:

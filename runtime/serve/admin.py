@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -24,10 +26,16 @@ from draftgraph.runtime.engine.profiling import StepProfiler
 from .bridge import EngineBridge
 from .validation import BadRequest
 
-__all__ = ["MAX_PROFILE_STEPS", "admin_allowed", "admin_warning", "profile_window", "read_token_file",
+__all__ = ["MAX_PROFILE_STEPS", "MAX_PROFILE_DIRS", "MAX_PROFILE_BYTES", "prune_profile_dirs",
+           "admin_allowed", "admin_warning", "profile_window", "read_token_file",
            "reload_args_from_body"]
 
+logger = logging.getLogger(__name__)
+
 MAX_PROFILE_STEPS = 1000
+MAX_PROFILE_DIRS = 8  # profile folders kept (the oldest removed first) ...
+MAX_PROFILE_BYTES = 512 << 20  # ... and their bytes together
+PROFILE_PREFIX = "draftgraph-profile-"
 PROFILE_WAIT_S = 120.0  # the most a profile request waits for its steps (an idle server steps none)
 
 
@@ -68,17 +76,19 @@ def reload_args_from_body(raw: bytes, content_type: str | None) -> RuntimeArgs:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("body", "must be UTF-8 text (a reload file's JSON or TOML)") from None
-    if content_type and "toml" in content_type:
-        data = _toml(text)
-    else:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = _toml(text)
     try:
+        if content_type and "toml" in content_type:
+            data = _toml(text)
+        else:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = _toml(text)
         return runtime_args_from_dict(data)
     except (TypeError, ValueError) as exc:
         raise BadRequest("body", f"not a valid reload file: {str(exc)[:400]}") from None
+    except (RecursionError, MemoryError):  # JSON or TOML nested thousands deep, or a huge value
+        raise BadRequest("body", "nested too deeply (or too large) to be a reload file") from None
 
 
 def _toml(text: str) -> Any:
@@ -96,7 +106,8 @@ async def profile_window(bridge: EngineBridge, steps: int, spans_only: bool, roo
     """Record the next ``steps`` engine steps (attached and detached between steps, on the
     stepping thread); the summary with the trace path and the range table as text."""
     engine = bridge.engine
-    out_dir = tempfile.mkdtemp(prefix="draftgraph-profile-", dir=root)
+    prune_profile_dirs(root or tempfile.gettempdir(), MAX_PROFILE_DIRS - 1, MAX_PROFILE_BYTES)
+    out_dir = tempfile.mkdtemp(prefix=PROFILE_PREFIX, dir=root)
 
     def attach() -> StepProfiler:
         if engine.profiler is not None:
@@ -120,3 +131,45 @@ async def profile_window(bridge: EngineBridge, steps: int, spans_only: bool, roo
     return {"trace": summary.get("trace"), "dir": os.fspath(out_dir), "steps_recorded": summary["steps_recorded"],
             "mode": summary["mode"], "table": table, "ranges": summary.get("ranges", {}),
             "export_failures": summary.get("export_failures", 0)}
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for base, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(base, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def prune_profile_dirs(root: str, keep: int, max_bytes: int) -> list[str]:
+    """Remove the oldest profile folders of ``root`` (named `PROFILE_PREFIX`...) until at most
+    ``keep`` are left and they hold at most ``max_bytes`` together; the paths removed."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(PROFILE_PREFIX)]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            found.append((st.st_mtime, path))
+    found.sort(reverse=True)  # newest first
+    kept, total, removed, full = 0, 0, [], False
+    for _, path in found:
+        size = 0 if full else _dir_bytes(path)
+        full = full or kept >= keep or total + size > max_bytes  # this one and every older one go
+        if not full:
+            kept, total = kept + 1, total + size
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        logger.info("removed %d old profile folders from %s (keeping %d, %d bytes)", len(removed), root, kept, total)
+    return removed

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from draftgraph.runtime.engine.request_table import InboxFull
 from draftgraph.runtime.engine.requests import RequestFailed
 
 __all__ = ["EngineBridge", "QueueFull", "Stream"]
@@ -125,7 +126,10 @@ class EngineBridge:
             waiting = len(self._live) - self.engine.max_slots  # those the next admission leaves waiting
             if waiting >= self.max_waiting:
                 raise QueueFull(f"{waiting} requests wait already (--max-waiting={self.max_waiting})")
-            rid = self.engine.add_request(list(prompt_ids), max_tokens, sampling)
+            try:
+                rid = self.engine.add_request(list(prompt_ids), max_tokens, sampling)
+            except InboxFull as exc:
+                raise QueueFull(str(exc)) from None
             stream = Stream(rid, len(prompt_ids), loop)
             self._live[rid] = stream
             self._wake.notify()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .connections import ConnectionLimits
+
 __all__ = ["ServeConfig", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20  # a request body past 1 MiB is refused unread (400)
@@ -22,9 +24,10 @@ class ServeConfig:
     ``max_tokens_limit``: the largest ``max_tokens`` a request may ask for; ``drain_s``: how long
     SIGTERM lets in-flight requests finish; ``admin_token``: the bearer token admin routes take
     from a caller that is not on loopback (None: loopback callers only); ``reload_config``: the
-    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces;
-    ``sampling_defaults``: (field, value) pairs a request's left-out sampling fields take (the
-    model's generation_config.json; `sampling_fields.generation_defaults`)."""
+    file SIGHUP reloads from; ``profile_dir``: where `POST /admin/profile` writes its traces; ``limits``: the
+    connections' deadlines and cap, and the proxy trusted to name its clients
+    (`ConnectionLimits`); ``sampling_defaults``: (field, value) pairs a request's left-out sampling
+    fields take (the model's generation_config.json; `sampling_fields.generation_defaults`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -36,6 +39,7 @@ class ServeConfig:
     reload_config: str | None = None
     profile_dir: str | None = None
     retry_after_s: int = 1
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     sampling_defaults: tuple[tuple[str, float | int], ...] = ()
 
     def __post_init__(self) -> None:

@@ -1,5 +1,9 @@
 """HTTP figures of the server in the engine's Prometheus registry: requests by route, method and
-status, their latency (to the last byte, streams included), and the live streams."""
+status, their latency (to the last byte, streams included), and the live streams.
+
+Every label takes its values from a closed set: routes from the app's route table (any other
+path is ``other``), methods from `METHODS` (any other is ``other``), statuses from the three
+digits a response can have (anything else ``other``)."""
 
 from __future__ import annotations
 
@@ -12,16 +16,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 __all__ = ["HttpMetrics"]
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/admin/reload",
-          "/admin/profile")
+          "/admin/profile")  # when no route table is given
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class HttpMetrics:
-    """An ASGI middleware counting every HTTP request into ``registry`` (unknown paths are
-    labelled ``other``, so a scanner cannot grow the label set)."""
+    """An ASGI middleware counting every HTTP request into ``registry``; ``routes``: the paths
+    of the app's route table (every label closed: a scanner cannot grow the label set)."""
 
-    def __init__(self, app: Any, registry: CollectorRegistry, streams: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, app: Any, registry: CollectorRegistry, streams: Callable[[], dict[str, int]],
+                 routes: tuple[str, ...] = ROUTES) -> None:
         self.app = app
+        self.routes = frozenset(routes)
         self.requests = Counter("draftgraph_http_requests", "HTTP requests answered, by route, method and status",
                                 ["route", "method", "status"], registry=registry)
         self.latency = Histogram("draftgraph_http_request_duration_seconds",
@@ -36,7 +43,8 @@ class HttpMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = scope["path"] if scope["path"] in self.routes else "other"
+        method = scope["method"] if scope["method"] in METHODS else "other"
         start, status = time.perf_counter(), [500]
 
         async def sending(message: dict[str, Any]) -> None:
@@ -47,5 +55,6 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            self.requests.labels(route, scope["method"], str(status[0])).inc()
+            code = status[0]
+            self.requests.labels(route, method, str(code) if 100 <= code <= 599 else "other").inc()
             self.latency.labels(route).observe(time.perf_counter() - start)

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from .admin import MAX_PROFILE_STEPS, admin_allowed, profile_window, reload_args_from_body
 from .bridge import QueueFull, Stream
@@ -287,9 +288,13 @@ def metrics(request: Request) -> Response:
 
 
 def _admin_refusal(request: Request) -> JSONResponse | None:
+    """The socket's peer decides: a forwarded address (from a ``--trust-proxy`` proxy) can only
+    take loopback rights away, never grant them."""
     st = _state(request)
-    host = request.client.host if request.client else None
-    if admin_allowed(host, request.headers.get("authorization"), st.config.admin_token):
+    peer = request.scope.get(PEER_KEY, request.scope.get("client"))
+    hosts = [c[0] if c else None for c in (peer, request.scope.get("client"))]
+    token = request.headers.get("authorization")
+    if all(admin_allowed(h, token, st.config.admin_token) for h in hosts):
         return None
     how = "with the bearer token of --admin-token-file" if st.config.admin_token else "(no --admin-token-file given)"
     return error_response(403, f"admin routes answer loopback callers only, or others {how}")
@@ -341,7 +346,9 @@ async def admin_profile(request: Request) -> Response:
 
 
 def build_app(state: ServeState) -> Any:
-    """The ASGI app over ``state`` (HTTP figures counted into ``state.registry``)."""
+    """The ASGI app over ``state`` (HTTP figures counted into ``state.registry``). The socket's
+    peer is kept in the scope (`PEER_KEY`) before X-Forwarded-For is read, and that header is
+    read only from the ``--trust-proxy`` addresses."""
     app = Starlette(routes=[
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -356,4 +363,24 @@ def build_app(state: ServeState) -> Any:
     def streams() -> dict[str, int]:
         return state.bridge.counts() if state.bridge is not None else {"running": 0, "waiting": 0, "live": 0}
 
-    return HttpMetrics(app, state.registry, streams)
+    paths = tuple(r.path for r in app.routes)
+    outer: Any = HttpMetrics(app, state.registry, streams, paths)
+    trust = state.config.limits.trust_proxy
+    if trust is not None:
+        outer = ProxyHeadersMiddleware(outer, trusted_hosts=trust)
+    return KeepPeer(outer)
+
+
+PEER_KEY = "draftgraph.peer"
+
+
+class KeepPeer:
+    """Puts the socket's peer in the scope (`PEER_KEY`) before any proxy header is read."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[PEER_KEY] = scope.get("client")
+        await self.app(scope, receive, send)

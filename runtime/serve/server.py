@@ -24,14 +24,16 @@ from draftgraph.runtime.engine.metrics import register_engine_metrics
 from .admin import admin_warning
 from .bridge import EngineBridge
 from .config import ServeConfig
+from .connections import install_log_limits, uvicorn_options
 from .routes import build_app
 from .state import ServeState
 
-__all__ = ["bind_socket", "run_server", "EngineFactory"]
+__all__ = ["bind_socket", "run_server", "uvicorn_config", "DrainingServer", "EngineFactory"]
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[], tuple[Any, Any]]  # () -> (engine, tokenizer)
+FORCE_SIGTERMS = 3  # the SIGTERM that stops at once instead of draining
 SHUTDOWN_GRACE_S = 5.0  # after the drain: connections still open get this long to close
 
 
@@ -55,22 +57,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _DrainingServer(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn's server, with SIGTERM answered by a drain (`ServeState.begin_drain`)."""
 
     def __init__(self, config: uvicorn.Config, state: ServeState) -> None:
         super().__init__(config)
         self.serve_state = state
+        self.sigterms = 0
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if sig == signal.SIGTERM and self.serve_state.phase != "draining":
-            self.serve_state.begin_drain()  # attribute writes only: safe in a signal handler
-            return
+        """SIGTERM: the first begins the drain, the second keeps draining (logged), the third
+        stops as uvicorn does; other signals are uvicorn's."""
+        if sig == signal.SIGTERM:
+            self.sigterms += 1
+            if self.sigterms == 1 and self.serve_state.phase != "draining":
+                self.serve_state.begin_drain()  # attribute writes only: safe in a signal handler
+                return
+            if self.sigterms < FORCE_SIGTERMS:  # no log here: a signal handler takes no lock
+                return
         super().handle_exit(sig, frame)
 
 
 def _build(state: ServeState, factory: EngineFactory, on_engine: Callable[[Any], None] | None,
-           server: _DrainingServer) -> None:
+           server: DrainingServer) -> None:
     try:
         engine, tokenizer = factory()
         register_engine_metrics(engine, state.registry)
@@ -86,6 +95,13 @@ def _build(state: ServeState, factory: EngineFactory, on_engine: Callable[[Any],
         state.failed(f"{type(exc).__name__}: {exc}")
 
 
+def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
+    """uvicorn's settings for ``app``: no access log, the connections' deadlines and cap
+    (`connections.uvicorn_options`)."""
+    return uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                          timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S), **uvicorn_options(config.limits))
+
+
 def run_server(config: ServeConfig, sock: socket.socket, factory: EngineFactory,
                on_engine: Callable[[Any], None] | None = None) -> int:
     """Serve on ``sock`` until SIGTERM (drained, 0), SIGINT (KeyboardInterrupt) or a failed
@@ -96,9 +112,9 @@ def run_server(config: ServeConfig, sock: socket.socket, factory: EngineFactory,
         logger.warning("%s", warning)
     state = ServeState(config)
     app = build_app(state)
-    ucfg = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                          timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S), timeout_keep_alive=5)
-    server = _DrainingServer(ucfg, state)
+    install_log_limits()
+    ucfg = uvicorn_config(app, config)
+    server = DrainingServer(ucfg, state)
     state.on_exit = lambda: setattr(server, "should_exit", True)
     builder = threading.Thread(target=_build, args=(state, factory, on_engine, server), name="draftgraph-serve-build",
                                daemon=True)

@@ -6,19 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["chat_prompt_ids", "decode_text", "encode_prompt", "TextCursor", "eos_id_of"]
+from ..models.prompt_file import encode_text as encode_prompt
+
+__all__ = ["chat_prompt_ids", "decode_text", "encode_prompt", "TextCursor"]
 
 REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a character not complete yet
-
-
-def eos_id_of(tokenizer: Any) -> int | None:
-    """The tokenizer's end-of-sequence id (the byte tokenizer's ``eos_id``, a transformers
-    tokenizer's ``eos_token_id``), or None."""
-    for name in ("eos_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -27,14 +19,6 @@ def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=True)
     except TypeError:  # the byte tokenizer skips them anyway; IdText takes the ids only
         return tokenizer.decode(list(ids))
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a completion prompt (no special tokens added: the text is the prompt)."""
-    try:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    except TypeError:  # the byte tokenizer and IdText take the text only
-        return list(tokenizer.encode(text))
 
 
 def plain_chat_text(messages: Sequence[dict[str, str]]) -> str:
@@ -54,8 +38,8 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[
 class TextCursor:
     """The text of one request's tokens, handed out piece by piece.
 
-    `advance(tokens, done)` returns the new text the client may see: the whole decode up to a
-    stop string (then `stopped` is True and nothing more comes), less a tail that could still
+    `advance(tokens, done)` returns the new text the client may see: the whole decode up to the
+    first stop string to end (then `stopped` is True and nothing more comes), less a tail that could still
     become a stop string or is a character whose bytes have not all come (unless ``done``)."""
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
@@ -84,5 +68,13 @@ class TextCursor:
         return out
 
     def _first_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
-        return min(found) if found else None
+        """Where the text is cut: before the stop string that ends first in the committed text
+        (the longest of those ending there), as a reader given one character at a time would
+        cut, so the cut never depends on how many tokens a step committed."""
+        start = max(0, self.sent - self.hold)
+        best: tuple[int, int] | None = None  # (end, start) of the stop string ending first
+        for s in self.stop:
+            i = text.find(s, start)
+            if i >= 0 and (best is None or (i + len(s), i) < best):
+                best = (i + len(s), i)
+        return None if best is None else best[1]

@@ -20,7 +20,8 @@ BENCHES = {"bench_engine": "engine", "bench_organize": "organize", "bench_graphs
            "bench_ranks": "ranks", "bench_soak": "soak", "bench_compile": "compile", "bench_refit": "refit",
            "bench_profile": "profile",
            "bench_metrics": "metrics", "bench_schedule": "schedule", "bench_ready": "ready",
-           "bench_verify": "verify", "bench_step_graphs": "step_graphs", "bench_hf": "hf", "bench_serve": "serve",
+           "bench_verify": "verify", "bench_step_graphs": "step_graphs", "bench_hf": "hf", "bench_real": "hf_real",
+           "bench_serve": "serve",
            "bench_load": "load"}
 
 

@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
-MODEL = "draftgraph-default"
+MODEL = "draftgraph-toy"  # the toy target the tests serve (DRAFTGRAPH_TARGET=toy)
 START_TIMEOUT_S = 240.0  # models from the cache and, with graphs, their capture on a loaded 2-core box
 
 
