@@ -217,6 +217,7 @@ def _generate(ns: argparse.Namespace) -> int:
     from .loading import load_text_models, model_source, resolve_models
 
     args = build_args(ns)
+    sampling = sampling_from(ns)  # checked before the models load
     choice = resolve_models(ns.target, ns.draft, ns.dtype)
     target, draft, tok = load_text_models(choice, ns.max_len, ns.seed)
     source = model_source(choice, ns.seed)
@@ -225,7 +226,6 @@ def _generate(ns: argparse.Namespace) -> int:
     eos = eos_id_of(tok)
     from .simulate import describe_models, wait_with_progress
 
-    sampling = sampling_from(ns)
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
                               progress=wait_with_progress, eos_id=eos)
     start = time.perf_counter()

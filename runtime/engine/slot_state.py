@@ -18,7 +18,8 @@ Per slot:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -90,23 +91,28 @@ class StepBatch:
     """One step's batch, built once per step: ``slots`` [b] long (the running requests' slots,
     in batch order), ``lens`` [b] and ``bonus`` [b] gathered from the `SlotState`, and the host's
     copies ``slot_list`` / ``len_list`` (sizes and windows without reading the device);
-    ``sampling`` the rows' `SamplingRows` and ``sampled`` (host) whether any row samples (False:
-    every row greedy, the argmax path)."""
+    ``sampling`` the rows' `SamplingRows` (gathered from ``state`` when first read) and ``sampled``
+    (host) whether any row samples (False: every row greedy, the argmax path)."""
 
     slots: torch.Tensor
     lens: torch.Tensor
     bonus: torch.Tensor
     slot_list: tuple[int, ...]
     len_list: tuple[int, ...]
-    sampling: SamplingRows
+    state: SlotState = field(repr=False, compare=False)
     sampled: bool = False
 
     @classmethod
     def gather(cls, state: SlotState, slot_list: list[int], len_list: list[int], sampled: bool = False
                ) -> StepBatch:
         slots = torch.tensor(slot_list, dtype=torch.long, device=state.device)
-        return cls(slots, state.seq_len[slots], state.bonus[slots], tuple(slot_list), tuple(len_list),
-                   state.sampling_rows(slots), sampled)
+        return cls(slots, state.seq_len[slots], state.bonus[slots], tuple(slot_list), tuple(len_list), state, sampled)
+
+    @cached_property
+    def sampling(self) -> SamplingRows:
+        """The rows' sampling parameters, gathered at first use (an all-greedy eager step never
+        reads them; a verify graph always does)."""
+        return self.state.sampling_rows(self.slots)
 
     @property
     def size(self) -> int:

@@ -24,6 +24,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from .admin import MAX_PROFILE_STEPS, admin_allowed, profile_window, reload_args_from_body
 from .bridge import QueueFull, Stream
 from .config import MAX_BODY_BYTES
+from .logprobs import chat_logprobs, completion_logprobs, token_logprobs
 from .metrics import HttpMetrics
 from .state import ServeState
 from .text import TextCursor, chat_prompt_ids, encode_prompt
@@ -109,8 +110,8 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
         return error_response(400, f"prompt: {exc}", "prompt")
     rid = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if len(streams) > 1:
-        return await _whole_choices(request, [_Reply(st, req, s, rid) for s in streams])
-    reply = _Reply(st, req, streams[0], rid)
+        return await _whole_choices(request, [_Reply(st, req, s, rid, ids) for s in streams])
+    reply = _Reply(st, req, streams[0], rid, ids)
     if req.stream:
         return StreamingResponse(reply.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -120,8 +121,10 @@ async def _submit(request: Request, parse: Callable[..., GenerationRequest]) -> 
 class _Reply:
     """One request's answer, built from its stream (pieces for SSE, or the whole body)."""
 
-    def __init__(self, st: ServeState, req: GenerationRequest, stream: Stream, rid: str) -> None:
+    def __init__(self, st: ServeState, req: GenerationRequest, stream: Stream, rid: str,
+                 prompt_ids: list[int] | None = None) -> None:
         self.st, self.req, self.stream, self.rid = st, req, stream, rid
+        self.prompt_ids = prompt_ids
         self.cursor = TextCursor(st.tokenizer, req.stop)
         self.chat = req.kind == "chat"
 
@@ -187,14 +190,26 @@ class _Reply:
         except _StreamFailed as exc:
             return error_response(500, str(exc))
         finish = self.finish_reason()
+        logprobs = await self.logprobs() if self.req.logprobs is not None else None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return JSONResponse({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.st.created, "model": self.req.model, "choices": [choice],
                              "usage": self.usage()})
+
+
+    async def logprobs(self) -> dict[str, Any]:
+        """The reply's log-probabilities (`serve.logprobs`), computed between two steps."""
+        st, req = self.st, self.req
+        params = req.sampling.params(dict(st.config.sampling_defaults))[0]
+        temperature = params.temperature if params is not None else 0.0
+        target, prompt, tokens = st.bridge.engine.target, list(self.prompt_ids or []), list(self.stream.tokens)
+        entries = await asyncio.wrap_future(st.bridge.call_at_boundary(
+            lambda: token_logprobs(target, prompt, tokens, temperature, req.logprobs or 0)))
+        return (chat_logprobs if self.chat else completion_logprobs)(st.tokenizer, entries)
 
 
 def _submit_choices(st: ServeState, ids: list[int], req: GenerationRequest) -> list[Stream]:

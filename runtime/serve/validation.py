@@ -3,7 +3,8 @@
 Every refusal is a `BadRequest` naming the field, the value and the rule (HTTP 400; an unknown
 model is 404), raised before anything reaches the engine. Sampling fields (``temperature``,
 ``top_p``, ``top_k``, ``min_p``, ``seed``, ``n``) are checked by `sampling_fields`; what the server
-does not implement (``logprobs``, penalties other than 0, ``echo``, ``best_of`` > 1) is refused at
+does not implement (penalties other than 0, ``echo``, ``best_of`` > 1, ``logprobs`` with
+``stream``) is refused at
 the values that would change the reply, and any field not listed here is refused, never silently
 ignored (``logit_bias``, ``response_format``, ...).
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .logprobs import MAX_TOP_LOGPROBS
 from .sampling_fields import RequestSampling, SamplingFieldError, parse_sampling
 
 __all__ = ["BadRequest", "GenerationRequest", "parse_body", "parse_completion", "parse_chat",
@@ -47,6 +49,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     sampling: RequestSampling = RequestSampling()
+    logprobs: int | None = None  # alternatives per token when log-probabilities are asked for (None: not)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -88,6 +91,11 @@ def _bool(field: str, value: Any) -> bool:
 def _greedy_only(field: str, value: Any, allowed: Callable[[Any], bool], rule: str) -> None:
     if value is not None and not allowed(value):
         raise BadRequest(field, f"{_shown(value)}: {rule} (not implemented by this server)")
+
+
+def _whole_only(field: str, common: Mapping[str, Any]) -> None:
+    if common["stream"]:
+        raise BadRequest(field, "log probabilities come with whole answers only (stream=false)")
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -151,25 +159,34 @@ def _common(data: Mapping[str, Any], allowed: set[str], model: str, max_tokens_l
 def parse_completion(data: Mapping[str, Any], model: str, max_tokens_limit: int) -> GenerationRequest:
     """A ``POST /v1/completions`` body: ``prompt`` is one string or one list of token ids."""
     common = _common(data, _COMPLETION, model, max_tokens_limit, "max_tokens")
-    _greedy_only("logprobs", data.get("logprobs"), lambda v: v in (0, False), "log probabilities are not returned")
+    logprobs = data.get("logprobs")
+    if logprobs is not None:
+        logprobs = _int("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)
+        _whole_only("logprobs", common)
     _greedy_only("echo", data.get("echo"), lambda v: v is False, "only false is supported")
     _greedy_only("best_of", data.get("best_of"), lambda v: v == 1, "only 1 is supported")
     prompt = data.get("prompt")
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt) and prompt:
-        return GenerationRequest("completion", prompt=list(prompt), **common)
+        return GenerationRequest("completion", prompt=list(prompt), logprobs=logprobs, **common)
     if not isinstance(prompt, str):
         raise BadRequest("prompt", f"{_shown(prompt)} must be a string or a non-empty list of token ids "
                                    f"(one prompt per request)")
     if not prompt:
         raise BadRequest("prompt", "'' : a prompt needs at least one character")
-    return GenerationRequest("completion", prompt=prompt, **common)
+    return GenerationRequest("completion", prompt=prompt, logprobs=logprobs, **common)
 
 
 def parse_chat(data: Mapping[str, Any], model: str, max_tokens_limit: int) -> GenerationRequest:
     """A ``POST /v1/chat/completions`` body: ``messages`` with string contents."""
     common = _common(data, _CHAT, model, max_tokens_limit, "max_completion_tokens")
-    _greedy_only("logprobs", data.get("logprobs"), lambda v: v is False, "log probabilities are not returned")
-    _greedy_only("top_logprobs", data.get("top_logprobs"), lambda v: v == 0, "log probabilities are not returned")
+    wanted = data.get("logprobs") is not None and _bool("logprobs", data["logprobs"])
+    top = data.get("top_logprobs")
+    top = None if top is None else _int("top_logprobs", top, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise BadRequest("top_logprobs", f"{top}: only with logprobs=true")
+    if wanted:
+        _whole_only("logprobs", common)
+    logprobs = (top or 0) if wanted else None
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages", f"{_shown(messages)} must be a non-empty list of messages")
@@ -186,4 +203,4 @@ def parse_chat(data: Mapping[str, Any], model: str, max_tokens_limit: int) -> Ge
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content", f"{_shown(content)} must be a string (text only)")
         out.append({"role": role, "content": content})
-    return GenerationRequest("chat", messages=tuple(out), **common)
+    return GenerationRequest("chat", messages=tuple(out), logprobs=logprobs, **common)

@@ -139,7 +139,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(server):
 BAD = [  # (body or raw bytes, the field the 400 must name, a word of the rule)
     ({"model": MODEL, "prompt": "x", "temperature": 2.5}, "temperature", "[0.0, 2.0]"),
     ({"model": MODEL, "prompt": "x", "n": 9}, "n", "[1, 8]"),
-    ({"model": MODEL, "prompt": "x", "logprobs": 3}, "logprobs", "not returned"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 6}, "logprobs", "[0, 5]"),
     ({"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "only 0"),
     ({"model": MODEL, "prompt": "x", "logit_bias": {"5": 1}}, "logit_bias", "unknown field"),
     ({"model": MODEL, "prompt": "x", "frobnicate": True}, "frobnicate", "unknown field"),

@@ -7,6 +7,7 @@ generation_config.json; unsupported fields are a 400 naming them."""
 from __future__ import annotations
 
 import json
+import math
 
 import openai
 import pytest
@@ -70,11 +71,58 @@ def test_n_gives_n_choices_with_consecutive_seeds(client):
 
 
 @pytest.mark.parametrize("field,value", [("logit_bias", {"5": 1}), ("response_format", {"type": "json_object"}),
-                                         ("frequency_penalty", 0.5), ("logprobs", 2), ("temperature", 3)])
+                                         ("frequency_penalty", 0.5), ("logprobs", 9), ("temperature", 3)])
 def test_unsupported_or_bad_fields_are_400_naming_them(client, field, value):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={field: value})
     assert info.value.body["param"] == field
+
+
+def _oracle_logprobs(text: str, output: str, temperature: float) -> list[list[float]]:
+    """log_softmax(logits / T) at every output position, from the target's own forward here."""
+    import torch
+
+    from draftgraph.runtime.models import default_models, default_tokenizer
+
+    tok = default_tokenizer()
+    target, _ = default_models(seed=0, draft="eagle")
+    p, o = tok.encode(text), tok.encode(output)
+    seq = torch.tensor([p + o[:-1]])
+    pos = torch.arange(seq.shape[1])[None]
+    mask = torch.ones(seq.shape[1], seq.shape[1], dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        logits, _ = target(seq, pos, pos, torch.tensor([1]), mask, target.new_cache(2))
+    return torch.log_softmax(logits[0, len(p) - 1:].double() / temperature, -1).tolist()
+
+
+def test_logprobs_are_the_targets_after_temperature(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0.8,
+                                  seed=7, logprobs=2)
+    choice = r.choices[0]
+    assert choice.text == sampled_text("Once upon a time", 16, SamplingParams(0.8, seed=7))
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == choice.text and len(lp.token_logprobs) == 16
+    oracle = _oracle_logprobs("Once upon a time", choice.text, 0.8)
+    from draftgraph.runtime.models import default_tokenizer
+
+    ids = default_tokenizer().encode(choice.text)
+    for i, (value, top) in enumerate(zip(lp.token_logprobs, lp.top_logprobs)):
+        assert value == pytest.approx(oracle[i][ids[i]], abs=1e-9)
+        assert len(top) == 2 and max(top.values()) == pytest.approx(max(oracle[i]), abs=1e-9)
+        assert max(top.values()) >= value - 1e-12
+        assert sum(math.exp(v) for v in top.values()) <= 1 + 1e-9
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}],
+                                          max_tokens=8, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 8 and all(len(c.top_logprobs) == 3 for c in content)
+    # greedy: the emitted token is the most likely one
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)
+
+
+def test_logprobs_are_refused_with_stream(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, logprobs=1, stream=True)
+    assert info.value.body["param"] == "logprobs"
 
 
 def test_left_out_fields_take_the_generation_config(tmp_path):
