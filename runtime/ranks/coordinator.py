@@ -196,6 +196,11 @@ class RankCoordinator:
         return self.rank == 0
 
     @property
+    def store_namespace(self) -> str:
+        """The store prefix this coordinator's keys live under (run id and instance included)."""
+        return self._proto.namespace
+
+    @property
     def generation(self) -> int:
         """The generation the worker serves (equal on every rank at equal step counts)."""
         return self.worker.state.generation
