@@ -196,6 +196,11 @@ class RankCoordinator:
         return self.rank == 0
 
     @property
+    def store_namespace(self) -> str:
+        """The store prefix this coordinator's keys live under (run id and instance included)."""
+        return self._proto.namespace
+
+    @property
     def generation(self) -> int:
         """The generation the worker serves (equal on every rank at equal step counts)."""
         return self.worker.state.generation
@@ -255,8 +260,7 @@ class RankCoordinator:
         self.stats.forged, self.stats.stale = self._proto.forged, self._proto.stale
 
     def _leader_take(self, marked: bool = False) -> int:
-        """Leader: a pending proposal becomes reload number n (returned), else 0; ``marked``:
-        a proposer marked this round (`RankProtocol.take`)."""
+        """Leader: a pending proposal becomes reload n (returned), else 0 (`RankProtocol.take`)."""
         self._own_pending = False
         payload = self._proto.take(marked)
         if payload is None:

@@ -114,6 +114,7 @@ class RankProtocol:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self._base, self._namespace = store, namespace
+        self.namespace = namespace  # the run's keys live under it (the forger tests write there)
         raw, self._dedicated = open_store(store, namespace, timeout_s)
         self._signed = SignedStore(raw, namespace, secret, raw_values=(_ABSENT,)) if secret is not None else None
         self._store: Any = self._signed if self._signed is not None else raw

@@ -242,7 +242,7 @@ def scenario_forged(rank, world):
     ctl = AdaptiveStepController(worker, [1, 2, 3, 4], alpha=0.3, coordinator=coord, backend="trace")
     forger = None
     if rank == 0:
-        forger = subprocess.run([sys.executable, "-c", _FORGER, str(base.port), "draftgraph/forged/world/1/"],
+        forger = subprocess.run([sys.executable, "-c", _FORGER, str(base.port), coord.store_namespace],
                                 capture_output=True, text=True, timeout=120)
     ok = torch.tensor([forger is None or (forger.returncode == 0 and "written" in forger.stdout)], dtype=torch.int32)
     dist.broadcast(ok, 0)  # every rank waits for the forger, and all stop together if it failed
@@ -326,9 +326,10 @@ def scenario_store_keys(rank, world):
     propose = {2 * i: args_for(2 if i % 2 == 0 else 3) for i in range(KEY_ROUNDS)} if rank == 0 else None
     served = serve(coord, worker, 2 * KEY_ROUNDS + 1, propose)
     dist.barrier()  # every rank has finished every reload
-    ns = dist.PrefixStore("draftgraph/keys/world/1/", client)
-    left = [k for n in range(1, KEY_ROUNDS + 1) for k in (f"reload/{n}", f"decision/{n}", f"done/{n}")
-            if ns.check([k])]
+    ns = dist.PrefixStore(coord.store_namespace, client)
+    keys = [(f"reload/{n}", f"decision/{n}", *(f"done/{n}/{r}" for r in range(world)))
+            for n in range(1, KEY_ROUNDS + 1)]
+    left = [k for group in keys for k in group if ns.check([k])]
     return {"reloads": coord.stats.reloads, "left": left, "generation": served[-1][0]}
 
 
