@@ -102,6 +102,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_coordinator_reloads": ("counter", "Decided reloads by result (committed, aborted, rejected)."),
     "draftgraph_coordinator_forged_values": (
         "counter", "Store values this rank refused for a MAC that does not check (written by no rank of the run)."),
+    "draftgraph_coordinator_stale_values": (
+        "counter", "Signed store values of another moment this rank refused (a replayed proposal or free slot)."),
 }
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -326,6 +328,7 @@ def read_coordinator(coordinator: Any, out: Samples, labels: dict[str, str]) -> 
     for result, n in (("committed", st.reloads), ("aborted", st.aborted), ("rejected", st.rejected)):
         out.add("draftgraph_coordinator_reloads", {**rl, "result": result}, n)
     out.add("draftgraph_coordinator_forged_values", rl, st.forged)
+    out.add("draftgraph_coordinator_stale_values", rl, st.stale)
 
 
 # ---- registration ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """`EngineBridge`: one engine, one stepping thread, and the streams HTTP handlers read.
 
 The stepping thread is the only caller of ``engine.step()``. Handlers (on the event loop) call
-`submit` and `abort`, which use the engine's thread-safe ``add_request`` / ``abort_request``, so a
-request joins the running batch at the next step boundary (continuous batching). After each
+`submit` and `abort`, which use the engine's thread-safe ``add_request`` / ``abort_request``: they
+post messages the stepping thread applies at its next step boundary (the request table has one
+owner), so a request joins the running batch there (continuous batching) and an abort applies once. After each
 step the thread publishes each live request's committed tokens into its `Stream` (a new list
 reference, never a queue that can grow) and wakes the readers with one
 ``call_soon_threadsafe`` per event loop: a step never waits on a client, and a slow client only

@@ -266,8 +266,10 @@ def models(request: Request) -> Response:
                                                       "created": st.created, "owned_by": "draftgraph"}]})
 
 
-def health(request: Request) -> Response:
-    """Phase (starting, serving, draining, failed), graph readiness and the live requests."""
+async def health(request: Request) -> Response:
+    """Phase (starting, serving, draining, failed), graph readiness and the live requests. On
+    the event loop (a few reads, no lock held long): no hop through a thread pool that a flood
+    of requests keeps busy."""
     st = _state(request)
     out: dict[str, Any] = {"status": st.phase, "model": st.config.model_name}
     if st.error:

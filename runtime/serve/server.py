@@ -9,6 +9,7 @@ attached to the engine once it is built.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import socket
@@ -89,6 +90,8 @@ def _build(state: ServeState, factory: EngineFactory, on_engine: Callable[[Any],
         state.serving(bridge, tokenizer, cfg.max_len, MAX_VERIFY_WIDTH, cfg.vocab_size)
         if on_engine is not None:
             on_engine(engine)
+        gc.collect()
+        gc.freeze()  # the models' objects leave the collector's generations: no long full-GC pauses later
         logger.info("serving %s", state.config.model_name)
     except Exception as exc:
         logger.exception("the engine could not be built")
