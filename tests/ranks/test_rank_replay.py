@@ -21,11 +21,11 @@ S4 = RuntimeArgs(SpeculativeConfig(4, 1))
 
 @pytest.fixture
 def server():
-    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
 
 
 def _raw(server) -> dist.PrefixStore:
-    client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=5))
+    client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
     return dist.PrefixStore(NS, client)
 
 
