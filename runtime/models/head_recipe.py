@@ -239,8 +239,8 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadTrainConfig, prompt
     left = max(0.0, budget - (time.monotonic() - start) - reserve)
     if state is None:
         state = TrainState(planned=left)
-    elif state.seconds >= state.planned:  # a finished run given more time: train on
-        state.planned = state.seconds + left
+    else:  # resumed: train on to the planned end, or further when this run has more time
+        state.planned = max(state.planned, state.seconds + left)
     with bar("training the head", int(min(left, state.planned - state.seconds)) + 1, "s") as b:
         def progress(dt: float, st: TrainState, agree: list[float]) -> None:
             b.set_postfix(loss=f"{st.loss:.3f}", top1="/".join(f"{a:.2f}" for a in agree), refresh=False)
