@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from .head_data import Sample, encode_prompts, generate_samples, read_prompts, shipped_split
+from .head_data import Sample, encode_prompts, generate_samples, read_prompts, register_gen_attention, shipped_split
 from .head_eval import accept_length
 from .head_train import TrainState, draft_ids, load_state, save_state, train_loop
 from .hf_eagle import HFEagleHead
-from .hf_load import load_config, load_target
+from .hf_load import load_config, load_target, parse_dtype
 from .hf_models import eagle3_layers
 from .hf_target import NORMED, HFTarget
 from .hf_text import load_tokenizer
@@ -161,6 +161,15 @@ def cached_samples(out: str | Path) -> tuple[list[Sample], list[Sample]]:
     return _samples(data["train"]), _samples(data["held"])
 
 
+def _hf_model(source: str, dtype: str) -> Any:
+    """The checkpoint (checked by `load_target` before) as transformers runs it, on the
+    answering attention (`head_data.register_gen_attention`)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype), trust_remote_code=False,
+                                                attn_implementation=register_gen_attention()).eval()
+
+
 def _data(target: HFTarget, tokenizer: Any, prompts: Any, cfg: HeadTrainConfig, work: Path, source: str,
           deadline: float, bar: Bar) -> tuple[list[Sample], list[Sample], dict[str, Any]]:
     """(training samples, held-out samples, the setup stamp): cached in ``work/data.pt``."""
@@ -185,12 +194,13 @@ def _data(target: HFTarget, tokenizer: Any, prompts: Any, cfg: HeadTrainConfig, 
             logger.info("reusing the answers cached in %s", path)
             return _samples(data["train"]), _samples(data["held"]), stamp
     eos = [i for i in [getattr(tokenizer, "eos_token_id", None)] if isinstance(i, int)]
+    layers = target.cfg.feature_layers
     with bar("answering held-out prompts", len(enc_h), "prompt") as b:
-        held = generate_samples(target, enc_h, cfg.max_new, eos, cfg.gen_batch, None, b.update)
-    data_target = target if cfg.data_dtype == cfg.dtype else load_target(
-        source, dtype=cfg.data_dtype, max_len=target.cfg.max_len, feature_layers=target.cfg.feature_layers)
+        held = generate_samples(_hf_model(source, cfg.dtype), layers, enc_h, cfg.max_new, eos, cfg.gen_batch,
+                                None, b.update)
     with bar("answering training prompts", len(enc_t), "prompt") as b:
-        train = generate_samples(data_target, enc_t, cfg.max_new, eos, cfg.gen_batch, deadline, b.update)
+        train = generate_samples(_hf_model(source, cfg.data_dtype), layers, enc_t, cfg.max_new, eos, cfg.gen_batch,
+                                 deadline, b.update)
     work.mkdir(parents=True, exist_ok=True)
     torch.save({"stamp": stamp, "train": _plain(train), "held": _plain(held)}, work / "data.tmp")
     (work / "data.tmp").replace(path)
@@ -229,8 +239,8 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadTrainConfig, prompt
     left = max(0.0, budget - (time.monotonic() - start) - reserve)
     if state is None:
         state = TrainState(planned=left)
-    elif state.seconds >= state.planned:  # a finished run given more time: train on
-        state.planned = state.seconds + left
+    else:  # resumed: train on to the planned end, or further when this run has more time
+        state.planned = max(state.planned, state.seconds + left)
     with bar("training the head", int(min(left, state.planned - state.seconds)) + 1, "s") as b:
         def progress(dt: float, st: TrainState, agree: list[float]) -> None:
             b.set_postfix(loss=f"{st.loss:.3f}", top1="/".join(f"{a:.2f}" for a in agree), refresh=False)
