@@ -113,13 +113,15 @@ def _llama_cpp(prompts: list[list[int]], n: int, eos: int, threads: int) -> Run 
     return run
 
 
-def _engines(folder: Path, head: Path, spec: SpeculativeConfig, phases: bool, eos: int) -> dict[str, Any]:
+def _engines(folder: Path, head: Path, spec: SpeculativeConfig, phases: bool, eos: int, graph_backend: str
+             ) -> tuple[dict[str, Any], Any]:
     target, draft = load_models(folder, head, "float32", max_len=1024)
     args = RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=(1, 2, 4))), max_running_requests=4)
     out = {"draftgraph eager": SpecDecodeEngine(args, target, draft, backend="eager", eos_id=eos)}
     start = time.perf_counter()
-    out["draftgraph graphs"] = SpecDecodeEngine(args, target, draft, backend="auto", capture="fill", eos_id=eos)
-    print(f"graphs (auto, draft step) ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    out["draftgraph graphs"] = SpecDecodeEngine(args, target, draft, backend=graph_backend, capture="fill",
+                                                eos_id=eos)
+    print(f"graphs ({graph_backend}, draft step) ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if phases:
         start = time.perf_counter()
         out["draftgraph graphs+phases"] = SpecDecodeEngine(args, target, draft, backend="trace", capture="blocking",
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
     tok = load_tokenizer(folder, 0)
     eos = eos_id_of(tok)
     n = a.new_tokens
-    engines, target = _engines(folder, head, SpeculativeConfig(a.steps, 1), a.phases, eos)
+    # --quick (the smoke run) records its graphs with trace: inductor takes minutes for them cold
+    engines, target = _engines(folder, head, SpeculativeConfig(a.steps, 1), a.phases, eos,
+                               "trace" if a.quick else "auto")
     rows, records, per_round = [], [], {}
     try:
         for conc in (1, 4):

@@ -8,10 +8,10 @@ wall time: another machine trains more or fewer steps)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from smollm2_support import convert_smollm2
 
 from draftgraph.runtime.engine.cli import main
 from draftgraph.runtime.models.head_data import encode_prompts, generate_samples, register_gen_attention, shipped_split
@@ -26,8 +26,14 @@ NOISE = 0.3  # acceptance length, between two runs of the same command on differ
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Path:
-    return convert_smollm2(tmp_path_factory.mktemp("smollm2"))
+def smollm2() -> Path:
+    """The converted model in the model cache (the product's own conversion, shared with
+    tests/models/test_smollm2.py); skips when the wheel or its readers are missing."""
+    pytest.importorskip("gguf", reason="the GGUF reader (make install) converts the wheel's model")
+    pytest.importorskip("accelerate", reason="transformers reads a GGUF only with accelerate (make install)")
+    from draftgraph.runtime.models.smollm2 import smollm2_dir
+
+    return smollm2_dir()
 
 
 def test_the_shipped_head_is_small_and_published():
@@ -55,6 +61,9 @@ def test_the_shipped_head_accepts_what_its_recipe_says(smollm2):
         assert abs(got[s] - RECIPE["accept"][str(s)]) < 0.05, (got, RECIPE["accept"])
 
 
+@pytest.mark.skipif(os.environ.get("DRAFTGRAPH_HEAD_RECIPE") != "1",
+                    reason="the recipe trains for its whole budget (about 50 minutes on 2 cores, more than CI's "
+                           "share): DRAFTGRAPH_HEAD_RECIPE=1 runs it")
 def test_the_recipe_command_makes_a_head_of_the_same_acceptance(smollm2, tmp_path):
     for flags in RECIPE["runs"]:  # the command, then each resumed run of it
         assert main(["train-head", "--target", str(smollm2), "--out", str(tmp_path / "head"), *flags]) == 0
