@@ -4,7 +4,7 @@ by `sampling.choose_tokens` keyed by the request's seed and the token's position
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -63,23 +63,8 @@ def greedy_generate(target: HFTarget, prompts: Sequence[Sequence[int]],
 
     Prompts are prefilled one by one, then decoded together one token per forward."""
     _check_prompts(target, prompts, max_new_tokens)
-    dev = target.embed.weight.device
-    b = len(prompts)
     cache, out = prefill_batch(target, prompts)
-    lens = torch.tensor([len(p) for p in prompts], device=dev)
-    slots = torch.arange(1, b + 1, device=dev)
-    last = torch.tensor([o[0] for o in out], device=dev)
-    for _ in range(max_new_tokens - 1):
-        if eos_id is not None and all(eos_id in o for o in out):
-            break
-        lk = int(lens.max()) + 1
-        mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
-        logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
-        last = logits[:, 0].argmax(-1)
-        lens = lens + 1
-        for o, t in zip(out, last.tolist()):
-            o.append(t)
-    return _cut_at_eos(out, eos_id)
+    return _decode(target, cache, prompts, out, lambda logits, lens: logits[:, 0].argmax(-1), max_new_tokens, eos_id)
 
 
 @torch.no_grad()
@@ -108,14 +93,30 @@ def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new
     lens = torch.tensor([len(p) for p in prompts], device=dev)
     last = choose_tokens(torch.stack(last_logits)[:, None], lens[:, None], rows)[:, 0]
     out = [[t] for t in last.tolist()]
-    slots = torch.arange(1, b + 1, device=dev)
+    def draw(logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        return choose_tokens(logits, at[:, None] + 1, rows)[:, 0]
+
+    return _decode(target, cache, prompts, out, draw, max_new_tokens, eos_id)
+
+
+def _decode(target: HFTarget, cache: object, prompts: Sequence[Sequence[int]], out: list[list[int]],
+            choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], max_new_tokens: int,
+            eos_id: int | None) -> list[list[int]]:
+    """Plain decoding after the prefill: one token a forward for every row at once, the next
+    token ``choose(logits [b, 1, V], lens [b])`` -> [b] (lens: the positions just written), each
+    row's tokens appended to ``out`` (each holds its first token); stops after ``max_new_tokens``
+    or once every row holds ``eos_id``."""
+    dev = target.embed.weight.device
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    slots = torch.arange(1, len(prompts) + 1, device=dev)
+    last = torch.tensor([o[-1] for o in out], device=dev)
     for _ in range(max_new_tokens - 1):
         if eos_id is not None and all(eos_id in o for o in out):
             break
         lk = int(lens.max()) + 1
         mask = (torch.arange(lk, device=dev)[None] <= lens[:, None]).unsqueeze(1)
         logits, _ = target(last[:, None], lens[:, None], lens[:, None], slots, mask, cache)
-        last = choose_tokens(logits, lens[:, None] + 1, rows)[:, 0]
+        last = choose(logits, lens)
         lens = lens + 1
         for o, t in zip(out, last.tolist()):
             o.append(t)

@@ -13,7 +13,6 @@ head, up to rounding.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,14 +24,13 @@ import torch
 
 from .hf_target import NORMED
 from .hf_text import IdText
+from .prompt_file import HELD_OUT, SHIPPED_PROMPTS, read_prompt_file
 
 __all__ = ["GEN_ATTN", "HELD_OUT", "SHIPPED_PROMPTS", "Sample", "encode_prompts", "generate_samples",
            "read_prompts", "register_gen_attention", "shipped_split"]
 
 logger = logging.getLogger(__name__)
 
-SHIPPED_PROMPTS = Path(__file__).resolve().parent / "data" / "chat_prompts.jsonl"
-HELD_OUT = 40  # the shipped set's last prompts: evaluation only
 GEN_ATTN = "draftgraph_gen"  # the answering model's attention (`register_gen_attention`)
 
 Messages = list[dict[str, str]]
@@ -49,33 +47,10 @@ class Sample:
     features: torch.Tensor
 
 
-def _messages(line: str, where: str) -> Messages:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not JSON ({exc})") from exc
-    if isinstance(item, dict) and isinstance(item.get("prompt"), str):
-        return [{"role": "user", "content": item["prompt"]}]
-    msgs = item.get("messages") if isinstance(item, dict) else None
-    ok = isinstance(msgs, list) and bool(msgs) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs)
-    if not ok:
-        raise ValueError(f"{where}: must be {{\"prompt\": str}} or {{\"messages\": [{{\"role\": str, "
-                         f"\"content\": str}}, ...]}} (a non-empty list)")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
-
-
 def read_prompts(path: str | Path) -> list[Messages]:
-    """The conversations of a JSONL prompt file (blank lines skipped); ValueError naming the line."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"prompts={str(path)!r}: not readable ({exc})") from exc
-    out = [_messages(line, f"{path}:{i + 1}") for i, line in enumerate(lines) if line.strip()]
-    if not out:
-        raise ValueError(f"prompts={str(path)!r}: no prompt in the file")
-    return out
+    """The conversations of a JSONL prompt file (`prompt_file.read_prompt_file`: blank lines
+    skipped, a bad line a ValueError naming it)."""
+    return [p.as_dicts() for p in read_prompt_file(path)]
 
 
 def shipped_split() -> tuple[list[Messages], list[Messages]]:
