@@ -69,7 +69,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "float64 otherwise)")
     p.add_argument("--max-len", type=int, default=None,
                    help="cache positions per request of a --target (default 512, or its max_position_embeddings)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model-seed", dest="seed", type=int, default=0,
+                   help="the toy models' training seed and simulate's workload (arrivals, lengths)")
     p.add_argument("--schedule", default=None, metavar="B:S,...",
                    help='S by batch size, e.g. "1:5,4:3,16:1,32:0" (0: no speculation; "1:3|4|5": '
                         'candidates of one band); replaces --adaptive')
@@ -242,7 +243,7 @@ def _generate(ns: argparse.Namespace) -> int:
     st = engine.stats()
     if sampling is not None:
         print(f"\n-- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, top_k {sampling.top_k}, "
-              f"min_p {sampling.min_p}, seed {sampling.seed} (--sampling-seed {sampling.seed} replays it)")
+              f"min_p {sampling.min_p}, seed {sampling.seed} (--seed {sampling.seed} replays it)")
     print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
           f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.1f} vs "
           f"{len(ref) / greedy_s:.1f} tokens/s), identical to {plain}: {out == ref}")

@@ -1,5 +1,5 @@
 """The sampling flags of the ``draftgraph`` command: ``generate --temperature 0.8
---sampling-seed 3`` prints the same text on every backend and with speculation off, and says it
+--seed 3`` prints the same text on every backend and with speculation off, and says it
 is the plain sampled run's; ``simulate`` with a temperature is lossless against the plain
 sampled baseline; a bad value exits 2 naming the field, before the models load."""
 
@@ -25,7 +25,7 @@ def test_generate_same_text_on_every_backend_and_without_speculation():
     for extra in (("--backend", "eager"), ("--backend", "trace", "--capture", "blocking"),
                   ("--backend", "eager", "--schedule", "1:0")):
         p = _run("generate", "The cat sat on", "--max-new-tokens", "32", "--temperature", "0.8",
-                 "--sampling-seed", "3", *extra)
+                 "--seed", "3", *extra)
         assert p.returncode == 0, p.stderr
         assert "identical to plain sampling: True" in p.stdout and "seed 3" in p.stdout
         texts.append(p.stdout.split("\n-- sampling")[0])
