@@ -100,10 +100,14 @@ def test_speculative_tokens_follow_the_target(temperature, top_k):
 
 
 def test_the_g_test_sees_a_wrong_distribution():
-    """The statistic has power here: the root's draws tested against the child's distribution."""
+    """The statistic has power here: the root's draws tested against a distribution a planted bug
+    would give, the root's own with its most likely token's mass halved (whatever the trained
+    weights: another machine's toy may give the root and its child alike distributions)."""
     logits, _, _ = _two_nodes()
     out = _walk(SamplingParams(1.0), seed0=1000)
-    _, p_value = g_test(torch.bincount(out[:, 0], minlength=logits.shape[1]), _reference(logits[1], 1.0))
+    wrong = _reference(logits[0], 1.0).clone()
+    wrong[int(wrong.argmax())] /= 2
+    _, p_value = g_test(torch.bincount(out[:, 0], minlength=logits.shape[1]), wrong / wrong.sum())
     assert p_value < 1e-6
 
 
