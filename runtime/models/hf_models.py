@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .hf_eagle import HFEagleHead
-from .hf_load import load_config, load_target, parse_dtype, read_config
+from .hf_load import check_weights, load_config, load_target, parse_dtype, read_config
 from .hf_target import NORMED, HFTarget
 
 __all__ = ["draft_feature_layers", "eagle3_layers", "head_format", "head_shapes", "load_draft", "load_models",
@@ -194,11 +194,14 @@ def draft_feature_layers(draft: str | Path, target: str | Path) -> tuple[int, ..
 
 
 def load_models(target: str | Path, draft: str | Path, dtype: str | torch.dtype = "float64",
-                max_len: int | None = None, device: str | torch.device = "cpu") -> tuple[HFTarget, HFEagleHead]:
+                max_len: int | None = None, device: str | torch.device = "cpu",
+                weights: str = "dense") -> tuple[HFTarget, HFEagleHead]:
     """The target from checkpoint ``target`` (a folder or a hub id) and the published head in
     folder ``draft``, in ``dtype``, the target's features set to what the head reads; ``max_len``
-    as `load_target`'s."""
+    and ``weights`` as `load_target`'s."""
     parse_dtype(dtype)
+    check_weights(weights, device, dtype)
     layers = draft_feature_layers(draft, target)
-    model = load_target(target, dtype=dtype, max_len=max_len, feature_layers=layers, device=device)
+    model = load_target(target, dtype=dtype, max_len=max_len, feature_layers=layers, device=device,
+                        weights=weights)
     return model, load_draft(draft, model)

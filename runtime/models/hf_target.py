@@ -33,6 +33,7 @@ from torch import nn
 from .hf_attention import ATTN_NAME, CONTEXT_KEY, AttentionContext, register
 from .hf_checks import check_backend, check_config
 from .kv_cache import KVCache
+from .q4_linear import weight_format
 
 __all__ = ["HFTarget", "HFTargetConfig", "NORMED"]
 
@@ -56,6 +57,7 @@ class HFTargetConfig:
     max_len: int
     feature_layers: tuple[int, ...]
     config_json: str
+    weights: str = "dense"  # "q4": the linear layers compute from Q4_1 codes (`q4_linear`)
 
 
 class HFTarget(nn.Module):
@@ -95,7 +97,8 @@ class HFTarget(nn.Module):
             model_type=config.model_type, vocab_size=config.vocab_size, dim=config.hidden_size, n_layers=n_layers,
             n_heads=heads, n_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads, max_len=max_len,
-            feature_layers=layers, config_json=config.to_json_string(use_diff=False))
+            feature_layers=layers, config_json=config.to_json_string(use_diff=False),
+            weights=weight_format(model))
         self._taps = threading.local()
         self._hooks = [self._tap(i) for i in sorted(set(layers))]
         self._probe()
