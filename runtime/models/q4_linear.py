@@ -27,7 +27,8 @@ import logging
 import torch
 from torch import nn
 
-__all__ = ["GROUP", "WEIGHTS", "Float32Linear", "Q4Linear", "compute_as_q4", "quantize_linears", "recover_q4_1", "weight_format"]
+__all__ = ["GROUP", "WEIGHTS", "Float32Linear", "Q4Linear", "compute_as_q4", "quantize_linears", "recover_q4_1",
+           "weight_format"]
 
 logger = logging.getLogger(__name__)
 

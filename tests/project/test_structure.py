@@ -90,6 +90,10 @@ PRIVATE_ALLOWED: dict[tuple[str, str, str], str] = {
     ("scripts.rank_forgery_probe", "torch.distributed.distributed_c10d", "_get_default_store"):
         "as runtime.ranks.coordinator: no public getter",
     ("scripts.greedy_compiled", "torch", "_dynamo"): "resets dynamo between benchmark runs (torch._dynamo.reset)",
+    ("draftgraph.runtime.models.q4_linear", "torch", "_convert_weight_to_int4pack_for_cpu"):
+        "torch's CPU int4 weight packing (gpt-fast and torchao call it so): no public name",
+    ("draftgraph.runtime.models.q4_linear", "torch", "_weight_int4pack_mm_for_cpu"):
+        "torch's CPU int4 weight-only product (gpt-fast and torchao call it so): no public name",
 }
 
 
