@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
             eng.close()
     verdicts = {}
     if "dense" not in kinds:  # the targets read the q4 rows then
-        per_round = {c: {(k[:-len(Q4)] if k.endswith(Q4) else k): v for k, v in t.items()} for c, t in per_round.items()}
+        per_round = {c: {(k[:-len(Q4)] if k.endswith(Q4) else k): v for k, v in t.items()}
+                     for c, t in per_round.items()}
     for name, conc, base, limit in TARGETS:
         if name in per_round[conc] and base in per_round[conc]:
             ratio = statistics.median(b / o for b, o in zip(per_round[conc][base], per_round[conc][name]))
@@ -241,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
             for rec in records:
                 if rec["case"] == f"{name} requests={conc}":
                     rec["targets"].append(stated_target(label, ratio, ">=", limit))
-    extra = {"model": choice.name, "weights": list(kinds), "head": str(head), "new_tokens": n, "rounds": a.rounds, "threads": a.threads,
+    extra = {"model": choice.name, "weights": list(kinds), "head": str(head), "new_tokens": n, "rounds": a.rounds,
+             "threads": a.threads,
              "spec": f"chain S={a.steps}", "llama_cpp": "installed" if "llama.cpp" in per_round[1] else
              "not installed (make bench-peers)", "targets": verdicts, "records": records}
     return emit("bench_real", rows, ["requests", "system", "tokens_per_s", "vs_generate", "tokens_per_fwd",

@@ -70,13 +70,13 @@ class Q4Linear(nn.Module):
         self.in_features, self.out_features = k, n
         # the kernel dequantizes (q - 8) * scale + zero: zero = m + 8 d
         pairs = torch.stack([scale, minimum + 8 * scale], -1).transpose(0, 1).contiguous()
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1))
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1))  # noqa: SLF001
         self.register_buffer("scale_zero", pairs.to(torch.bfloat16))  # [K/32, N, 2]
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
+        y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)  # noqa: SLF001
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
