@@ -327,7 +327,8 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            profile_dir=ns.profile, profile_steps=ns.profile_steps,
                            profile_spans_only=ns.profile_spans_only, progress=not ns.json and ns.world_size == 1,
                            poll_every=ns.poll_every, capture=ns.capture, graph_phases=ns.graph_phases,
-                           target=choice.target, dtype=choice.dtype, max_len=ns.max_len, prompts=ns.prompts,
+                           target=choice.target, dtype=choice.dtype, weights=choice.weights, max_len=ns.max_len,
+                           prompts=ns.prompts,
                            model_name=choice.name, sampling=sampling_from(ns))
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:

@@ -63,6 +63,7 @@ class SimulationConfig:
     eager_baseline: bool = True  # the same requests through the eager backend too (graph backends)
     target: str | None = None  # a transformers checkpoint (folder or hub id); draft is then a head's folder
     dtype: str = "float64"  # the transformers target's dtype
+    weights: str = "dense"  # its linear layers: "dense" or "q4" (`models.q4_linear`)
     max_len: int | None = None  # the transformers target's cache positions per request (None: its default)
     prompts: str | None = None  # a JSONL prompt file (None: the shipped chat prompts, or held-out bytes)
     model_name: str | None = None  # what the report calls the model
@@ -250,9 +251,9 @@ def _models_and_prompts(cfg: SimulationConfig) -> _Workload:
     from ..models.hf_models import load_models
     from ..models.hf_text import eos_id_of, load_tokenizer, prompts_for
 
-    target, draft = load_models(cfg.target, cfg.draft, cfg.dtype, max_len=cfg.max_len)
+    target, draft = load_models(cfg.target, cfg.draft, cfg.dtype, max_len=cfg.max_len, weights=cfg.weights)
     tok = load_tokenizer(cfg.target, target.vocab_size)
-    source = {"target": str(cfg.target), "draft": str(cfg.draft)}
+    source = {"target": str(cfg.target), "draft": str(cfg.draft), "weights": cfg.weights}
     if cfg.prompts is not None or has_chat_template(tok):
         items = read_prompt_file(cfg.prompts)[:cfg.requests] if cfg.prompts else demo_prompts(cfg.requests)
         return _Workload(target, draft, encode_all(tok, items), [p.text for p in items], tok, eos_id_of(tok), source)
@@ -269,7 +270,9 @@ def describe_models(target: Any, draft: Any, source: dict[str, str]) -> dict[str
         head = f"{fmt} head (published layout) from {source['draft']}"
     else:
         head = f"{type(draft).__name__} ({source['draft']})"
-    return {"target": f"{arch} through transformers from {source['target']}", "draft": head}
+    q4 = hasattr(target, "describe") and target.describe().get("weights") == "q4"
+    how = " (Q4_1 codes through the int4 kernel, float64 stream)" if q4 else ""
+    return {"target": f"{arch} through transformers{how} from {source['target']}", "draft": head}
 
 
 @dataclass(frozen=True)
