@@ -42,6 +42,8 @@ from .simulate import SimulationConfig, run_simulation
 from .train_head import add_train_head_parser, run_train_head
 
 DEFAULT_ADAPTIVE = "1,2,3,4,5"  # simulate's --adaptive when neither it nor --schedule is given
+# ... for a real model on one process: 0 too, plain steps while its head does not pay (`PayoffGate`)
+DEFAULT_ADAPTIVE_REAL = "0,1,2,3,4,5"
 
 __all__ = ["main", "build_args"]
 
@@ -102,7 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-loop-steps", type=int, default=2000)
     sim.add_argument("--arrival", type=float, default=0.5, help="requests arriving per step")
     sim.add_argument("--adaptive", default=None,
-                     help=f"candidate S values (default {DEFAULT_ADAPTIVE}; '' = off; not with --schedule)")
+                     help=f"candidate S values (default {DEFAULT_ADAPTIVE}, and {DEFAULT_ADAPTIVE_REAL} for a "
+                          f"transformers target on one process; 0: plain steps whenever they are measured "
+                          f"faster than speculation; '' = off; not with --schedule)")
     sim.add_argument("--reload-at", type=int, default=None)
     sim.add_argument("--reload-config", default=None, help="JSON/TOML args file for --reload-at and SIGHUP")
     sim.add_argument("--no-greedy", action="store_true", help="skip the target-only baseline")
@@ -313,13 +317,14 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
     if args.schedule is not None and ns.adaptive:
         raise ValueError(f"--adaptive={ns.adaptive!r} with --schedule={ns.schedule!r}: a schedule's bands carry "
                          f"their own S candidates (e.g. \"1:3|4|5\"); give one of the two")
-    text = (DEFAULT_ADAPTIVE if args.schedule is None else "") if ns.adaptive is None else ns.adaptive
-    adaptive = tuple(int(x) for x in text.split(",") if x.strip())
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
     from .loading import resolve_models
 
     choice = resolve_models(ns.target, ns.draft, ns.dtype, ns.weights)
+    default = DEFAULT_ADAPTIVE_REAL if choice.target is not None and ns.world_size == 1 else DEFAULT_ADAPTIVE
+    text = (default if args.schedule is None else "") if ns.adaptive is None else ns.adaptive
+    adaptive = tuple(int(x) for x in text.split(",") if x.strip())
     cfg = SimulationConfig(args=args, draft=choice.draft, backend=ns.backend, seed=ns.seed,
                            requests=ns.requests, arrival=ns.arrival, adaptive_steps=adaptive,
                            max_loop_steps=ns.max_loop_steps, reload_at=ns.reload_at,
@@ -539,6 +544,16 @@ def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
     return ("identical to greedy", r.get("lossless"))
 
 
+def _payoff_rows(payoff: dict | None) -> list[tuple[str, str]]:
+    """The payoff gate's row (adaptive candidate 0): how many steps were plain."""
+    if not payoff:
+        return []
+    rates = [payoff["speculative_tokens_per_s"], payoff["plain_tokens_per_s"]]
+    text = " / ".join("-" if x is None else f"{x:.1f}" for x in rates)
+    return [("speculative / plain steps", f"{payoff['speculative_steps']} / {payoff['plain_steps']} "
+                                          f"(tokens/s per request lately: {text})")]
+
+
 def _eager_text(r: dict[str, Any]) -> str:
     """The eager baseline of the same run, and the loop against it."""
     if r.get("eager_tokens_per_s") is None:
@@ -574,6 +589,7 @@ def _print_report(r: dict[str, Any]) -> None:
             _identical_row(r),
             ("accept length (mean)", f"{r['accept_length_mean']:.2f}"),
             ("verify steps", r["verify_steps"]), ("steps per state", r["steps_per_state"]),
+            *_payoff_rows(r.get("payoff")),
             ("graph replays / eager fallbacks", f"{r['graph_replays']} / {r['eager_fallbacks']}"),
             ("fast-path hits", r["fast_path_hits"]), ("padding rows", r["pad_rows"]),
             ("start-up (first step servable)", f"{r['startup_s']:.2f} s"),

@@ -2,7 +2,9 @@
 
 One object answers both questions whatever chooses S: a fixed spec (`FixedPolicy`), an
 `AdaptiveStepController` over candidate S values (`AdaptivePolicy`), or a speculation schedule's
-bands, each with its own candidates (`scheduling.BandScheduler`). The step calls
+bands, each with its own candidates (`scheduling.BandScheduler`); a 0 among the adaptive
+candidates puts the policy behind a `PayoffGate` (plain steps while speculation does not pay).
+The step calls
 ``begin(batch_size)`` (S for this step, 0 = a plain target decode; its state made active) and,
 after a step that drafted, ``observe(accepted)`` (mean accepted draft tokens per request, the
 bonus not counted). `build_policy` makes the policy for what the worker serves now; the engine
@@ -19,6 +21,7 @@ from draftgraph.runtime import AdaptiveStepController, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker.contract import DraftWorker
 
+from .payoff import PayoffGate
 from .scheduling import BandScheduler
 
 __all__ = ["AdaptivePolicy", "FixedPolicy", "StepPolicy", "build_policy"]
@@ -88,14 +91,21 @@ def build_policy(worker: DraftWorker, args: RuntimeArgs, schedule: SpeculationSc
                  coordinator: Any = None) -> StepPolicy:
     """The policy for what ``worker`` serves now under ``args``: the schedule's bands when there is
     a schedule, else an adaptive controller over ``adaptive_steps`` (chains and dynamic trees
-    whose N fits; a static tree's depth is fixed), else the fixed spec. ``backend`` "eager"
-    captures nothing."""
+    whose N fits; a static tree's depth is fixed), else the fixed spec; a 0 among
+    ``adaptive_steps`` puts that policy behind a `PayoffGate`. ``backend`` "eager" captures
+    nothing."""
     eager = backend == "eager"
     if schedule is not None:
         grid = capture_batch_sizes(args.decode, limit=args.max_running_requests) \
             if args.decode.max_bs is not None or args.decode.bs is not None else []
         return BandScheduler(worker, schedule, grid, None if eager else backend,
                              background=background, coordinator=coordinator)
+    if 0 in adaptive_steps:
+        if coordinator is not None:
+            raise ValueError(f"adaptive_steps={list(adaptive_steps)}: 0 (plain steps when speculation does not pay, "
+                             f"chosen by this process's clock) cannot serve a rank group; give a schedule instead")
+        inner = build_policy(worker, args, None, [s for s in adaptive_steps if s], backend, background)
+        return PayoffGate(inner)
     spec = worker.spec
     if not adaptive_steps or spec.tree_choices is not None:
         return FixedPolicy(worker)

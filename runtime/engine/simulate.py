@@ -429,7 +429,7 @@ def _loop_report(engine: SpecDecodeEngine, run: _LoopRun, models: dict[str, str]
         "accept_length_mean": st["accept_length_mean"], "verify_steps": st["verify_steps"],
         "drafts": st["drafts"], "draft_tokens": st["draft_tokens"],
         "accepted_tokens": st["accepted"], "accepted_per_pos": st["accepted_per_pos"],
-        "steps_per_state": st["steps_per_state"], "schedule": st["schedule"],
+        "steps_per_state": st["steps_per_state"], "schedule": st["schedule"], "payoff": st.get("payoff"),
         "graph_replays": st["graph_replays"],
         "eager_fallbacks": st["eager_fallbacks"], "eager_steps": st["eager_steps"],
         "fast_path_hits": st["fast_path_hits"], "batch_sizes": st["batch_sizes"], "phases": st["phases"],

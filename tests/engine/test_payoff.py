@@ -1,0 +1,111 @@
+"""`PayoffGate` (adaptive candidate 0): plain steps while speculation is measured slower, the
+speculative ones while it pays, a probe of the other kind now and then, and never a changed
+token. The clock is a fake one the test advances by what each kind of step "costs"."""
+
+from __future__ import annotations
+
+import pytest
+from engine_support import MAX_NEW, engine_args, models, prompts, reference
+
+from draftgraph.runtime import SpeculativeConfig
+from draftgraph.runtime.engine import SpecDecodeEngine
+from draftgraph.runtime.engine.payoff import PayoffGate
+from draftgraph.runtime.engine.policy import build_policy
+
+
+class Inner:
+    """A fixed S = 3 policy that records what it observed."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def begin(self, batch_size: int) -> int:
+        return 3
+
+    def observe(self, accepted: float) -> None:
+        self.seen.append(accepted)
+
+    def states(self) -> list:
+        return []
+
+    def release(self) -> None:
+        return None
+
+    def as_dict(self) -> dict:
+        return {"steps_per_state": {}, "schedule": None}
+
+
+def _drive(spec_cost: float, accepted: float, steps: int = 200, probe_every: int = 16) -> list[int]:
+    """The S the gate served per step when a speculative step costs ``spec_cost`` time units and
+    accepts ``accepted`` drafts, and a plain step costs 1."""
+    now = [0.0]
+    inner = Inner()
+    gate = PayoffGate(inner, probe_every=probe_every, clock=lambda: now[0])
+    served = []
+    for _ in range(steps):
+        s = gate.begin(4)
+        served.append(s)
+        now[0] += spec_cost if s else 1.0
+        if s:
+            gate.observe(accepted)
+    assert inner.seen == [accepted] * sum(1 for s in served if s)  # every speculative step reached it
+    return served
+
+
+def test_a_head_that_does_not_pay_gets_plain_steps_and_a_probe_now_and_then():
+    served = _drive(spec_cost=2.0, accepted=0.3)  # 0.65 tokens / unit against 1
+    late = served[20:]
+    assert late.count(0) >= 0.9 * len(late)
+    assert 0 < late.count(3) <= len(late) / 16 + 1  # the probes
+    assert served[:3] == [3, 3, 3] and served[3:6] == [0, 0, 0]  # warm-up: both kinds measured
+
+
+def test_a_head_that_pays_keeps_speculating():
+    served = _drive(spec_cost=1.5, accepted=2.0)  # 2 tokens / unit against 1
+    late = served[20:]
+    assert late.count(3) >= 0.9 * len(late) and late.count(0) >= 1
+
+
+def test_the_gate_follows_a_change():
+    now = [0.0]
+    gate = PayoffGate(Inner(), probe_every=8, clock=lambda: now[0])
+    served = []
+    for i in range(300):
+        s = gate.begin(1)
+        served.append(s)
+        good = i >= 150  # the head starts to pay half way
+        now[0] += (1.2 if good else 3.0) if s else 1.0
+        if s:
+            gate.observe(3.0 if good else 0.0)
+    assert served[100:150].count(0) >= 40 and served[250:].count(3) >= 40
+
+
+def test_bad_arguments_are_refused():
+    for kw in ({"probe_every": 0}, {"warmup": -1}, {"alpha": 0.0}, {"probe_every": True}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            PayoffGate(Inner(), **kw)
+
+
+def test_the_engine_behind_the_gate_still_emits_greedy_tokens():
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), running=6), target, head, backend="eager",
+                              adaptive_steps=(0, 1, 2, 3))
+    try:
+        assert engine.generate([list(p) for p in prompts()], MAX_NEW) == reference()
+        st = engine.stats()
+    finally:
+        engine.close()
+    payoff = st["payoff"]
+    assert payoff["speculative_steps"] >= 3 and payoff["plain_steps"] >= 3  # both kinds served
+    assert payoff["speculative_tokens_per_s"] > 0 and payoff["plain_tokens_per_s"] > 0
+
+
+def test_a_rank_group_cannot_take_the_clock_driven_choice():
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1)), target, head, backend="eager")
+    try:
+        with pytest.raises(ValueError, match="rank group"):
+            build_policy(engine.worker, engine_args(SpeculativeConfig(3, 1)), None, (0, 1, 2), "eager", False,
+                         coordinator=object())
+    finally:
+        engine.close()
