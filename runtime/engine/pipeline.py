@@ -20,6 +20,8 @@ from draftgraph.runtime.worker.contract import DraftWorker
 
 from ..models.greedy import prefill
 from .accept_policy import AcceptPolicy, accept_policy
+from .drafting import EagleDrafter, MultiLayerDrafter
+from .model_seam import DraftTarget
 from .phases import EnginePhases
 from .request_table import RequestTable
 from .requests import Request
@@ -34,8 +36,8 @@ class StepPipeline:
     """The model work of one engine: ``target`` with its K/V ``cache``, the ``drafter`` and the
     per-slot device state ``slots``; figures go to ``stats``."""
 
-    def __init__(self, target: Any, cache: Any, drafter: Any, slots: SlotState, eos_id: int | None,
-                 stats: EngineStats, phases: EnginePhases | None = None) -> None:
+    def __init__(self, target: DraftTarget, cache: Any, drafter: EagleDrafter | MultiLayerDrafter, slots: SlotState,
+                 eos_id: int | None, stats: EngineStats, phases: EnginePhases | None = None) -> None:
         self.target = target
         self.phases = phases  # verify / extend graphs of the worker's states (None: always eager)
         self.cache = cache
