@@ -2,8 +2,8 @@
 
 The plain reference is `sampled_generate` (one token per forward, no speculation, the token at
 position t drawn with uniforms keyed by (seed, t)); the engine must equal it token for token for
-chains, dynamic and static trees, eager and trace, the verify / extend graphs, speculation off
-(S = 0), a batch mixing greedy and sampled requests with every filter (temperature 0.5 / 1.0,
+chains, dynamic and static trees, eager and trace (compile in the slow tier), the verify / extend
+graphs, speculation off (S = 0), a batch mixing greedy and sampled requests with every filter (temperature 0.5 / 1.0,
 top-p 0.9, top-k 20, min-p 0.05), an adaptive switch and reloads mid-run. Seeds: the same seed
 gives the same tokens alone and in a batch of 8; different seeds differ.
 """
@@ -53,6 +53,9 @@ CASES = [
     (STATIC, "trace"),
     pytest.param(SpeculativeConfig(5, 1), "eager", marks=pytest.mark.slow),
     pytest.param(SpeculativeConfig(3, 4, 10), "trace", marks=pytest.mark.slow),
+    # the compile backend (inductor, a compile per graph size: minutes on a CPU) in the slow tier
+    pytest.param(CHAIN, "compile", marks=pytest.mark.slow),
+    pytest.param(STATIC, "compile", marks=pytest.mark.slow),
 ]
 
 
@@ -125,7 +128,7 @@ def test_adaptive_switch_and_reloads_mid_run():
 
 
 # ---- seeds -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["eager", "trace"])
+@pytest.mark.parametrize("backend", ["eager", "trace", pytest.param("compile", marks=pytest.mark.slow)])
 def test_same_seed_same_tokens_alone_and_in_a_batch_of_8(backend):
     engine = _engine(DYNAMIC, backend)
     mine = SamplingParams(0.8, top_p=0.95, seed=7)
