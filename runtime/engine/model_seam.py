@@ -17,6 +17,8 @@ from typing import Any, Generic, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from ..models.kv_cache import KVCache
+
 __all__ = ["DraftHead", "DraftTarget", "check_members", "check_pair", "protocol_members"]
 
 
@@ -36,7 +38,7 @@ class DraftTarget(Protocol):
         hidden [B, T, hidden_size]); writes every token's K/V at (slot, write_pos) of ``cache``."""
         ...
 
-    def new_cache(self, slots: int, max_len: int | None = None) -> Any:
+    def new_cache(self, slots: int, max_len: int | None = None) -> KVCache:
         """A static K/V cache of ``slots`` slots (slot 0 is the dummy slot)."""
         ...
 

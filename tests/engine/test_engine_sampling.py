@@ -140,6 +140,21 @@ def test_same_seed_same_tokens_alone_and_in_a_batch_of_8(backend):
     assert alone == sampled_generate(models("eagle")[0], _prompts()[:1], MAX_NEW, mine)[0]
 
 
+def test_choices_of_one_prompt_share_its_prefill():
+    """n samples of one prompt admitted together (the server's ``n``): one target prefill, the
+    others copy its K/V; each is still its own seed's plain sampled run (a wrong copy would
+    leave them attending to another slot's cache), and the greedy twin greedy decoding."""
+    engine = _engine(CHAIN, "eager")
+    prompt = _prompts()[0]
+    params = [SamplingParams(1.0, seed=s) for s in (21, 22, 23)] + [GREEDY]
+    out = engine.generate([prompt] * 4, MAX_NEW, params)
+    assert out == sampled_generate(models("eagle")[0], [prompt] * 4, MAX_NEW, params)
+    assert out[3] == reference()[0]
+    assert engine.stats()["prefills_shared"] == 3
+    engine.generate(_prompts()[:4], MAX_NEW, params)  # four prompts: nothing to share
+    assert engine.stats()["prefills_shared"] == 3
+
+
 def test_different_seeds_differ():
     engine = _engine(CHAIN, "eager")
     outs = [engine.generate(_prompts()[:1], MAX_NEW, SamplingParams(1.0, seed=s))[0] for s in (1, 2, 3)]
