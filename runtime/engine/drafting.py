@@ -10,6 +10,7 @@ engine uses the component through its public API only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -205,6 +206,6 @@ def make_drafter(args: RuntimeArgs, draft: object, n_slots: int, target: DraftTa
     if isinstance(draft, MultiLayerDraft):
         return MultiLayerDrafter(args, draft, n_slots)
     check_members(draft, DraftHead, "draft")
-    head: DraftHead = draft  # type: ignore[assignment]  (checked member by member just above)
+    head = cast(DraftHead, draft)  # checked member by member just above
     check_pair(target, head)
     return EagleDrafter(args, head, n_slots)
