@@ -21,7 +21,7 @@ from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, S
 from draftgraph.runtime.engine.drafting import EagleDrafter
 from draftgraph.runtime.engine.phases import EnginePhases, default_tiers
 from draftgraph.runtime.models.default_spec import DRAFT_VOCAB, EAGLE3_LAYER_IDS, MAX_LEN, head_config, target_config
-from draftgraph.runtime.models.hf_eagle import HFEagleHead
+from draftgraph.runtime.models.eagle_heads import Eagle3Head
 from draftgraph.runtime.models.hf_target import HFTarget
 from scripts.benchutil import emit, synced, time_interleaved
 
@@ -54,7 +54,7 @@ def measure(backend: str, device: str, batches: tuple[int, ...], spec: Speculati
     torch.manual_seed(0)  # the default models' shapes, random weights (time does not depend on them)
     model = LlamaForCausalLM(target_config()).to(device)
     target = HFTarget(model, MAX_LEN, feature_layers=tuple(i + 1 for i in EAGLE3_LAYER_IDS))
-    head = HFEagleHead("eagle3", head_config(), target, draft_vocab_size=DRAFT_VOCAB, biased=frozenset())
+    head = Eagle3Head(head_config(), target, draft_vocab_size=DRAFT_VOCAB, biased=frozenset())
     rows_max = max(batches)
     args = RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(max_bs=rows_max)), max_running_requests=rows_max,
                        device=device)

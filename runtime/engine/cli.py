@@ -38,6 +38,7 @@ from .phases import default_graph_phases
 from .profile_report import format_table
 from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
+from .sim_temperatures import parse_temperatures, temperature_lines, temperature_rows
 from .simulate import SimulationConfig, run_simulation
 from .train_head import add_train_head_parser, run_train_head
 
@@ -128,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                           "0.0.0.0 in a container, is served with a warning: no authentication)")
     sim.add_argument("--metrics-file", default=None, metavar="PATH", help="write the final metrics text here")
     add_sampling_flags(sim)
+    sim.add_argument("--temperatures", default=None, type=_temperatures, metavar="T,...",
+                     help="also serve the workload at each temperature (e.g. 0,0.7,1.0; one run each, the "
+                          "other sampling flags kept) and report acceptance and tokens/s side by side")
     gen = sub.add_parser("generate", help="continue a text and compare with greedy")
     gen.add_argument("text")
     _spec_flags(gen)
@@ -184,6 +188,14 @@ def _profile_steps(text: str) -> tuple[tuple[int, int], ...]:
     """argparse type of --profile-steps: a bad value exits 2 naming the flag, value and rule."""
     try:
         return parse_profile_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    """argparse type of simulate's --temperatures (exit 2 naming the flag, value and rule)."""
+    try:
+        return parse_temperatures(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -337,11 +349,17 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                            model_name=choice.name, sampling=sampling_from(ns))
     _check_outputs(ns)  # an unwritable output is found now, not after the loop with its report
     if ns.world_size > 1:
+        if ns.temperatures:
+            raise ValueError(f"--temperatures with --world-size={ns.world_size}: one process only")
         return _simulate_ranks(ns, cfg, reload_signal)
     registry = _metrics_registry(ns)
     with record_spans() as spans:
         report = run_simulation(cfg, sighup=None, reload_signal=reload_signal, registry=registry)
     report["spans"] = _span_summary(spans)
+    if ns.temperatures and not report["interrupted"]:
+        seed = ns.sampling_seed if ns.sampling_seed is not None else 0
+        report["temperatures"] = temperature_rows(
+            cfg, ns.temperatures, seed, lambda c: run_simulation(c, sighup=None, reload_signal=reload_signal), report)
     if ns.metrics_file:
         from prometheus_client import generate_latest
         Path(ns.metrics_file).write_bytes(generate_latest(registry))
@@ -628,6 +646,9 @@ def _print_report(r: dict[str, Any]) -> None:
     if prof.get("ranges"):
         print(f"\nprofiled ranges (steps {prof['windows']}):")
         print(format_table(prof["ranges"]))
+    if r.get("temperatures"):  # --temperatures
+        print("\nby temperature (the same workload; plain: greedy decoding at T = 0, plain sampling above):")
+        print("\n".join(temperature_lines(r["temperatures"])))
 
 
 class _DropMessage(logging.Filter):

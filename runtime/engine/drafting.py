@@ -10,6 +10,7 @@ engine uses the component through its public API only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -17,8 +18,8 @@ from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiL
 from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.host_phases import GraphStep
 
-from ..models.hf_eagle import HFEagleHead
 from ..models.multi_layer import MultiLayerDraft
+from .model_seam import DraftHead, DraftTarget, check_members, check_pair
 from .slot_state import SlotState, StepBatch
 from .verify import Acceptance
 
@@ -35,12 +36,14 @@ def _causal_mask(lens: torch.Tensor, t: int, lk: int) -> torch.Tensor:
 
 class EagleDrafter:
     """EAGLE head + `EagleDraftWorker`; the head's cache is allocated before any capture. The head
-    is a published EAGLE-1/2 or EAGLE-3 one (`HFEagleHead`, the embedded default's too), or any
-    module with its calls (``forward``, ``initial_state``, ``extend``, ``allocate_cache``,
-    ``row_template``, ``cfg.dim`` / ``cfg.max_len``, ``embed_w``)."""
+    is any `DraftHead` (`model_seam`): a published EAGLE-1/2 or EAGLE-3 one (`Eagle1Head`,
+    `Eagle3Head`, the embedded default's too) or another model with the same members."""
 
-    def __init__(self, args: RuntimeArgs, head: HFEagleHead, slots: int) -> None:
-        self.head = head
+    max_steps: int | None = None  # no limit of its own on S (the head is called once per step)
+    graphs_extend = True  # its extend runs as a captured phase (`extend_step`)
+
+    def __init__(self, args: RuntimeArgs, head: DraftHead, slots: int) -> None:
+        self.head: DraftHead = head
         head.allocate_cache(slots)
         self.worker: DraftWorker = EagleDraftWorker(args, head)
 
@@ -120,7 +123,7 @@ class EagleDrafter:
         """The extend phase's capturable step (`runtime.engine.phases`): all ``width`` accepted
         rows of each request over an ``lk``-position window; static rows for ``rows`` requests
         (hidden [rows, n, hidden_dim] from the verify). Returns (feature [b, d], p, ids [b, keep])."""
-        dev = self.head.embed_w.device
+        dev = self.head.device
         long = torch.long
         static = {
             "hidden": torch.zeros(rows, n, hidden_dim, dtype=hidden_dtype, device=dev),
@@ -145,7 +148,11 @@ class EagleDrafter:
 
 
 class MultiLayerDrafter:
-    """Multi-layer draft (S layers, one token each) organized by `MultiLayerEagleDraftWorker`."""
+    """Multi-layer draft (S layers, one token each) organized by `MultiLayerEagleDraftWorker`.
+    It has no head: no draft cache, nothing the phase graphs read, no extend phase."""
+
+    head: None = None
+    graphs_extend = False
 
     def __init__(self, args: RuntimeArgs, draft: MultiLayerDraft, slots: int) -> None:
         self.draft_model = draft
@@ -156,6 +163,11 @@ class MultiLayerDrafter:
     @property
     def feature_dim(self) -> int:
         return self.draft_model.cfg.dim
+
+    @property
+    def max_steps(self) -> int:
+        """S may not exceed the draft's layer count."""
+        return self.draft_model.max_steps
 
     def check_args(self, args: RuntimeArgs) -> None:
         """S draft layers give S tokens: num_steps may not exceed the layer count."""
@@ -186,12 +198,14 @@ class MultiLayerDrafter:
         state.set_draft(batch.slots, hidden.gather(1, last.expand(-1, 1, hidden.shape[-1]))[:, 0], None)
 
 
-def make_drafter(args: RuntimeArgs, draft: object, n_slots: int) -> EagleDrafter | MultiLayerDrafter:
-    """The drafter for ``draft`` (an `HFEagleHead` or a `MultiLayerDraft`, which it then owns)
-    over ``n_slots`` slots; TypeError for any other model."""
-    if isinstance(draft, HFEagleHead):
-        return EagleDrafter(args, draft, n_slots)
+def make_drafter(args: RuntimeArgs, draft: object, n_slots: int, target: DraftTarget
+                 ) -> EagleDrafter | MultiLayerDrafter:
+    """The drafter for ``draft`` (a `MultiLayerDraft`, or a `DraftHead` reading ``target``'s
+    features, which it then owns) over ``n_slots`` slots. TypeError naming the member a head
+    lacks, ValueError when it cannot read ``target`` (`model_seam.check_pair`)."""
     if isinstance(draft, MultiLayerDraft):
         return MultiLayerDrafter(args, draft, n_slots)
-    raise TypeError(f"draft={type(draft).__name__}: must be an HFEagleHead or a "
-                    f"MultiLayerDraft")
+    check_members(draft, DraftHead, "draft")
+    head = cast(DraftHead, draft)  # checked member by member just above
+    check_pair(target, head)
+    return EagleDrafter(args, head, n_slots)

@@ -39,6 +39,7 @@ from .boundary import StepBoundary
 from .capture_choice import CaptureChoice, choose_capture
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter, make_drafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
+from .model_seam import DraftTarget, check_members
 from .phases import engine_phases
 from .pipeline import StepPipeline
 from .policy import FixedPolicy
@@ -59,9 +60,11 @@ DEFAULT_WATCH = AcceptanceWatch()  # frozen: one shared default
 
 
 class SpecDecodeEngine:
-    """Speculative decoding of ``target`` with ``draft`` (a published EAGLE head,
-    `HFEagleHead`, or a `MultiLayerDraft`) under ``args``; ``backend`` is the worker's graph backend ("auto",
-    "cuda", "compile", "trace") or "eager" (no graphs). ``adaptive_steps``: candidate S values
+    """Speculative decoding of ``target`` (a `DraftTarget`) with ``draft`` (a `DraftHead`: a
+    published EAGLE head, `Eagle1Head` / `Eagle3Head`; or a `MultiLayerDraft`) under ``args``;
+    the models are checked against the protocols here (`model_seam`: a TypeError naming a missing
+    member). ``backend`` is the worker's graph backend ("auto", "cuda", "compile", "trace") or
+    "eager" (no graphs). ``adaptive_steps``: candidate S values
     switched by an `AdaptiveStepController` fed the real acceptance (None: fixed S).
 
     ``capture="background"`` (default): the constructor queues every graph (the active state's
@@ -90,7 +93,7 @@ class SpecDecodeEngine:
 
     ``sampling_seed``: seeds the generator giving an unseeded sampled request its seed (logged)."""
 
-    def __init__(self, args: RuntimeArgs, target: Any, draft: Any, backend: str = "auto",
+    def __init__(self, args: RuntimeArgs, target: DraftTarget, draft: Any, backend: str = "auto",
                  adaptive_steps: Sequence[int] | None = None, eos_id: int | None = None,
                  capture: str = "background",
                  acceptance_watch: AcceptanceWatch | None = DEFAULT_WATCH,
@@ -103,22 +106,18 @@ class SpecDecodeEngine:
             raise ValueError(f"capture={capture!r}: must be one of {list(CAPTURE_MODES)}")
         if not isinstance(args, RuntimeArgs):
             raise TypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
-        if not (hasattr(target, "new_cache") and hasattr(target, "cfg")):
-            raise TypeError(f"target={type(target).__name__}: must be an HFTarget (new_cache, cfg)")
-        check_backend = getattr(target, "check_backend", None)  # a target refusing a graph backend
-        if check_backend is not None:
-            check_backend(backend)
+        check_members(target, DraftTarget, "target")  # the typed seam: a TypeError naming what is missing
+        target.check_backend(backend)  # a target refusing a graph backend
         self.target = target
         self.backend = backend
         self.max_slots = args.max_running_requests or DEFAULT_SLOTS
         self.cache = target.new_cache(self.max_slots + 1)  # slot 0: the dummy slot
         draft = copy.deepcopy(draft)  # the engine owns its draft's cache
-        self.drafter: EagleDrafter | MultiLayerDrafter = make_drafter(args, draft, self.max_slots + 1)
+        self.drafter: EagleDrafter | MultiLayerDrafter = make_drafter(args, draft, self.max_slots + 1, target)
         schedule = resolve_schedule(schedule, args, adaptive_steps)
         adaptive = tuple(adaptive_steps) if adaptive_steps else ()
         self.worker: DraftWorker = self.drafter.worker
-        limits = EngineLimits(self.worker, getattr(getattr(self.drafter, "draft_model", None), "max_steps", None),
-                              schedule, adaptive)
+        limits = EngineLimits(self.worker, self.drafter.max_steps, schedule, adaptive)
         limits.check_spec(args)
         if schedule is not None:
             limits.check_schedule(args)
@@ -143,8 +142,8 @@ class SpecDecodeEngine:
                 self.worker.capture_graphs(backend, background=background)
             else:  # the band states capture their own sizes; the active state none
                 self.worker.capture.backend = backend
-        worker_weights = getattr(self.worker, "weights", None)  # the eagle worker refits its model
-        weights = worker_weights if worker_weights is not None else WeightRefit(draft)
+        # the eagle worker refits its model; the multi-layer draft is refitted here
+        weights = self.worker.weights if self.worker.weights is not None else WeightRefit(draft)
         self._counts = EngineStats()
         self.slot_state = SlotState(self.max_slots + 1, self.drafter.feature_dim, KEEP_TOPK, self.cache.k[0].device)
         self.requests = RequestTable(self.max_slots, target.cfg.vocab_size, target.cfg.max_len,
@@ -340,10 +339,9 @@ class SpecDecodeEngine:
         and the target layers it reads)."""
         out = self.report.stats()
         models = {}
-        for name, model in (("target", self.target), ("draft", getattr(self.drafter, "head", None))):
-            describe = getattr(model, "describe", None)
-            if describe is not None:
-                models[name] = describe()
+        for name, model in (("target", self.target), ("draft", self.drafter.head)):
+            if model is not None:  # a multi-layer draft has no head and says nothing
+                models[name] = model.describe()
         if models:
             out["models"] = models
         return out

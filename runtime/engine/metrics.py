@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from draftgraph.runtime.prometheus import MetricsHandle, Samples, read_coordinator, read_worker, register_source
 
+from .engine import SpecDecodeEngine
 from .metrics_server import CONNECTION_TIMEOUT_S, MAX_HANDLER_THREADS, MetricsServer
 
 __all__ = ["register_engine_metrics", "serve_metrics", "start_metrics_server", "is_loopback", "metrics_url"]
@@ -81,11 +82,11 @@ def read_startup(startup: Mapping[str, Any], out: Samples, labels: dict[str, str
     out.add("draftgraph_compile_process_deaths", labels, process.get("deaths", 0))
 
 
-def register_engine_metrics(engine: Any, registry: CollectorRegistry | None = None,
+def register_engine_metrics(engine: SpecDecodeEngine, registry: CollectorRegistry | None = None,
                             labels: Mapping[str, str] | None = None) -> MetricsHandle:
     """Export ``engine``'s figures, its worker's and (when attached) its rank coordinator's.
     The worker must not be registered on its own in the same registry as well."""
-    if not hasattr(engine, "report") or not hasattr(engine, "worker"):
+    if not isinstance(engine, SpecDecodeEngine):
         raise TypeError(f"engine={type(engine).__name__}: must be a SpecDecodeEngine")
     return register_source(engine, lambda out, lb: read_engine(engine, out, lb), registry, labels,
                            also=(engine.worker,))

@@ -35,6 +35,8 @@ from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker.host_phases import GraphStep
 
 from .accept_policy import SAMPLED_ACCEPT
+from .drafting import EagleDrafter, MultiLayerDrafter
+from .model_seam import DraftTarget
 from .slot_state import StepBatch
 from .verify import Acceptance, tree_verify_mask
 
@@ -65,10 +67,11 @@ def default_tiers(cache_len: int) -> tuple[int, ...]:
 
 class EnginePhases:
     """The phases of one engine: ``target`` with its K/V ``cache``, the ``drafter`` (an extend
-    phase when it has `extend_step`), KV window ``tiers`` (ascending, the last = cache length)
+    phase when it ``graphs_extend``), KV window ``tiers`` (ascending, the last = cache length)
     and the ``phases`` to capture (a subset of `PHASE_NAMES`)."""
 
-    def __init__(self, target: Any, cache: Any, drafter: Any, tiers: Sequence[int],
+    def __init__(self, target: DraftTarget, cache: Any, drafter: EagleDrafter | MultiLayerDrafter,
+                 tiers: Sequence[int],
                  phases: Sequence[str] = PHASE_NAMES) -> None:
         tiers = tuple(tiers)
         bad = [t for t in tiers if isinstance(t, bool) or not isinstance(t, int) or t < 1]
@@ -85,7 +88,7 @@ class EnginePhases:
         self.drafter = drafter
         self.tiers = tiers
         self.phases = tuple(p for p in PHASE_NAMES if p in phases)
-        self.has_extend = "extend" in self.phases and hasattr(drafter, "extend_step")
+        self.has_extend = "extend" in self.phases and drafter.graphs_extend
 
     # ---- the provider -------------------------------------------------------------------------
     def __call__(self, spec: SpeculativeConfig | None, max_size: int) -> dict[str, GraphStep]:
@@ -116,10 +119,10 @@ class EnginePhases:
         configurations, the cache, the phase and its widths (the store's key, with the source
         digest and the shapes)."""
         def config(model: Any) -> Any:
-            cfg = getattr(model, "cfg", None)
+            cfg = None if model is None else model.cfg
             return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg)
 
-        head = getattr(self.drafter, "head", None)
+        head = self.drafter.head
         return json.dumps({"phase": phase, **shape, "target": type(self.target).__qualname__,
                            "target_config": config(self.target), "draft": type(head).__qualname__,
                            "draft_config": config(head), "cache": [self.cache.slots, self.cache.max_len],
@@ -130,12 +133,12 @@ class EnginePhases:
         """Every tensor a phase may read besides its inputs, by stable name: the target's and the
         draft's parameters and buffers and both K/V caches (never baked into stored code)."""
         out: dict[str, torch.Tensor] = {}
-        head = getattr(self.drafter, "head", None)
+        head = self.drafter.head
         for prefix, model in (("target", self.target), ("draft", head)):
             if isinstance(model, torch.nn.Module):
                 out.update({f"{prefix}.{n}": t for n, t in model.named_parameters()})
                 out.update({f"{prefix}.{n}": t for n, t in model.named_buffers()})
-        for prefix, cache in (("cache", self.cache), ("draft_cache", getattr(head, "cache", None))):
+        for prefix, cache in (("cache", self.cache), ("draft_cache", None if head is None else head.cache)):
             if cache is not None:
                 out.update({f"{prefix}.k.{i}": t for i, t in enumerate(cache.k)})
                 out.update({f"{prefix}.v.{i}": t for i, t in enumerate(cache.v)})
@@ -201,7 +204,8 @@ class EnginePhases:
         rows = batch.sampling
         inputs = {"tokens": tree.tokens.view(b, n), "positions": tree.positions.view(b, n), "lens": batch.lens,
                   "slots": batch.slots, "tree_mask": tree.tree_mask,
-                  **{f: getattr(rows, f) for f, _ in _SAMPLING_FIELDS}}
+                  "temperature": rows.temperature, "top_p": rows.top_p, "top_k": rows.top_k, "min_p": rows.min_p,
+                  "seed": rows.seed}
         return self.run(state, f"verify@{self.tier(batch, n)}", inputs, eager)
 
     def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
@@ -221,8 +225,8 @@ class EnginePhases:
         return self.run(state, f"extend@{self.tier(batch, width)}", inputs, run_eager)
 
 
-def engine_phases(target: Any, cache: Any, drafter: Any, backend: str, graph_phases: Sequence[str] | None,
-                  kv_tiers: Sequence[int] | None) -> EnginePhases | None:
+def engine_phases(target: DraftTarget, cache: Any, drafter: EagleDrafter | MultiLayerDrafter, backend: str,
+                  graph_phases: Sequence[str] | None, kv_tiers: Sequence[int] | None) -> EnginePhases | None:
     """The verify / extend phases every captured state of an engine holds (None: the eager
     backend, or no phase asked for); ``graph_phases`` None: `default_graph_phases` of the
     backend; ``kv_tiers`` None: `default_tiers` of the cache."""

@@ -19,7 +19,10 @@ from draftgraph.runtime import DraftResult, VerifyTree, build_tree
 from draftgraph.runtime.worker.contract import DraftWorker
 
 from ..models.greedy import prefill
+from ..models.kv_cache import KVCache
 from .accept_policy import AcceptPolicy, accept_policy
+from .drafting import EagleDrafter, MultiLayerDrafter
+from .model_seam import DraftTarget
 from .phases import EnginePhases
 from .request_table import RequestTable
 from .requests import Request
@@ -34,8 +37,8 @@ class StepPipeline:
     """The model work of one engine: ``target`` with its K/V ``cache``, the ``drafter`` and the
     per-slot device state ``slots``; figures go to ``stats``."""
 
-    def __init__(self, target: Any, cache: Any, drafter: Any, slots: SlotState, eos_id: int | None,
-                 stats: EngineStats, phases: EnginePhases | None = None) -> None:
+    def __init__(self, target: DraftTarget, cache: KVCache, drafter: EagleDrafter | MultiLayerDrafter, slots: SlotState,
+                 eos_id: int | None, stats: EngineStats, phases: EnginePhases | None = None) -> None:
         self.target = target
         self.phases = phases  # verify / extend graphs of the worker's states (None: always eager)
         self.cache = cache
@@ -46,14 +49,23 @@ class StepPipeline:
 
     @torch.no_grad()
     def admit(self, table: RequestTable) -> None:
-        """Prefill waiting requests into free slots. A failure of one request's prefill (target
-        or drafter) returns its slot and fails that request alone; an interrupt (a
-        BaseException that is not an Exception) puts the request back at the head of the
-        queue, its slot freed, and propagates."""
+        """Prefill waiting requests into free slots. Requests of one prompt admitted together
+        (the server's ``n`` choices) share its target prefill: the first runs it, the others
+        copy its K/V (``prefills_shared``); each still draws its own first token. A failure of
+        one request's prefill (target or drafter) returns its slot and fails that request
+        alone; an interrupt (a BaseException that is not an Exception) puts the request back at
+        the head of the queue, its slot freed, and propagates."""
         state = self.slots
+        done: dict[tuple[int, ...], tuple[int, torch.Tensor, torch.Tensor]] = {}  # prompt -> slot, logits, hidden
         for req in table.admissions():
             try:
-                logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
+                key = tuple(req.prompt)
+                if key in done:
+                    src, logits, hidden = done[key]
+                    self.cache.copy_prefix(src, req.slot, len(key))
+                    self.stats.add("prefills_shared")
+                else:
+                    logits, hidden = prefill(self.target, self.cache, req.slot, req.prompt)
                 state.set_sampling(req.slot, req.sampling)
                 bonus = self.first_token(logits, req)
                 req.seq_len = len(req.prompt)
@@ -62,6 +74,7 @@ class StepPipeline:
                 req.emit([bonus], self.eos_id)
                 if not req.done:
                     self.drafter.prefill(state, req.slot, req.prompt, bonus, hidden)
+                    done.setdefault(key, (req.slot, logits, hidden))  # a running request keeps its slot
             except BaseException as exc:
                 if not isinstance(exc, Exception):
                     table.requeue(req)

@@ -22,9 +22,11 @@ from draftgraph.runtime import RuntimeArgs, load_runtime_args
 from ..models import default_checkpoints, default_models, greedy_generate, sampled_generate
 from ..models.corpus import held_out_prompts
 from ..models.defaults import DRAFT_KINDS
+from ..models.hf_eagle import HFEagleHead
 from ..sampling import GREEDY, SamplingParams
 from ..sampling.params import MAX_SEED
 from .engine import SpecDecodeEngine
+from .model_seam import DraftTarget
 from .profiling import profile_steps
 from .requests import RequestFailed
 from .signals import ProcessReloadSignal
@@ -261,12 +263,12 @@ def _models_and_prompts(cfg: SimulationConfig) -> _Workload:
     return _Workload(target, draft, prompts_for(texts, tok, target.vocab_size), [], tok, None, source)
 
 
-def describe_models(target: Any, draft: Any, source: dict[str, str]) -> dict[str, str]:
+def describe_models(target: DraftTarget, draft: Any, source: dict[str, str]) -> dict[str, str]:
     """What serves, in words: the target's architecture (run by transformers' own model code)
     and the draft's format, each with where it was loaded from."""
-    arch = target.describe()["architecture"] if hasattr(target, "describe") else type(target).__name__
-    if hasattr(draft, "describe"):
-        fmt = {"eagle1": "EAGLE-1/2", "eagle3": "EAGLE-3"}.get(draft.describe()["fmt"], "EAGLE")
+    arch = target.describe().get("architecture", type(target).__name__)
+    if isinstance(draft, HFEagleHead):
+        fmt = {"eagle1": "EAGLE-1/2", "eagle3": "EAGLE-3"}[draft.fmt]
         head = f"{fmt} head (published layout) from {source['draft']}"
     else:
         head = f"{type(draft).__name__} ({source['draft']})"

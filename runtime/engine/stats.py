@@ -36,7 +36,8 @@ def accept_length(accepted: int | float, drafts: int) -> float:
 
 
 _COUNTS = ("steps", "verify_steps", "request_verifies", "committed", "drafts", "draft_tokens", "accepted",
-           "tokens_generated", "requests_finished", "requests_aborted", "requests_failed", "reloads_landed_unready")
+           "tokens_generated", "requests_finished", "requests_aborted", "requests_failed", "reloads_landed_unready",
+           "prefills_shared")
 _MAPS = ("accepted_per_pos", "batch_sizes", "stage_s")
 
 
@@ -58,6 +59,7 @@ class EngineStats:
     requests_aborted: int = 0  # ended by abort_request
     requests_failed: int = 0  # failed while admitted (their prefill raised)
     reloads_landed_unready: int = 0  # swap reloads committed before their graphs (boundary.MAX_PREPARE_STEPS)
+    prefills_shared: int = 0  # admissions that copied an earlier admission's prefill of the same prompt
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in

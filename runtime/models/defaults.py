@@ -48,7 +48,7 @@ from draftgraph.graphs.settings import cache_root
 from ..private_dir import UnsafeFolderError, create_exclusive, open_lock, private_dir, read_regular
 from .corpus import load_corpus
 from .default_spec import DRAFT_VOCAB, EAGLE3_LAYER_IDS, MAX_LEN, head_config, spec_dict, target_config
-from .hf_eagle import HFEagleHead
+from .eagle_heads import Eagle3Head
 from .hf_load import load_target
 from .hf_models import load_models
 from .hf_target import HFTarget
@@ -153,7 +153,7 @@ def _train_all(seed: int, plan: TrainPlan) -> dict[str, dict[str, torch.Tensor]]
         data = distill_data(target, corpus.train, plan, seed)
         tick(1)
         torch.manual_seed(seed + 1)
-        eagle = HFEagleHead("eagle3", head_config(), target, draft_vocab_size=DRAFT_VOCAB, biased=frozenset())
+        eagle = Eagle3Head(head_config(), target, draft_vocab_size=DRAFT_VOCAB, biased=frozenset())
         init_eagle3(eagle, target, draft_vocabulary(data, DRAFT_VOCAB))
         loss_e = train_eagle(eagle, data, plan, seed, tick)
         multi = MultiLayerDraft(target, seed=seed)
@@ -380,7 +380,7 @@ def default_models(seed: int = 0, draft: str = "eagle", device: str | torch.devi
                    plan: TrainPlan | None = None) -> tuple[HFTarget, torch.nn.Module]:
     """(target, draft), loaded from `default_checkpoints` through the user's path
     (`load_models`): the target (a transformers ``LlamaForCausalLM`` as an `HFTarget`) in
-    float64; ``draft`` "eagle": the published EAGLE-3 head (`HFEagleHead`, the target's dtype),
+    float64; ``draft`` "eagle": the published EAGLE-3 head (`Eagle3Head`, the target's dtype),
     "multi_layer": `MultiLayerDraft` (float32). Fresh module instances on every call. A damaged
     checkpoint folder is written again from the cached weights, once."""
     if draft not in DRAFT_KINDS:

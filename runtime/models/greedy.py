@@ -34,7 +34,7 @@ def _check_prompts(model: HFTarget, prompts: Sequence[Sequence[int]], max_new_to
 def prefill(model: HFTarget, cache, slot: int, prompt: Sequence[int]
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a prompt into ``slot`` (causal): (logits [T, V], hidden [T, d])."""
-    dev = model.embed.weight.device
+    dev = model.device
     t = len(prompt)
     tokens = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
     pos = torch.arange(t, device=dev).unsqueeze(0)
@@ -82,7 +82,7 @@ def sampled_generate(target: HFTarget, prompts: Sequence[Sequence[int]], max_new
             raise TypeError(f"sampling[{i}]={s!r}: must be a SamplingParams")
         if not s.greedy and s.seed is None:
             raise ValueError(f"sampling[{i}]: seed=None; a sampled reference needs its seed")
-    dev = target.embed.weight.device
+    dev = target.device
     b = len(prompts)
     rows = SamplingRows.of(per, dev)
     cache = target.new_cache(b + 1)
@@ -106,7 +106,7 @@ def _decode(target: HFTarget, cache: object, prompts: Sequence[Sequence[int]], o
     token ``choose(logits [b, 1, V], lens [b])`` -> [b] (lens: the positions just written), each
     row's tokens appended to ``out`` (each holds its first token); stops after ``max_new_tokens``
     or once every row holds ``eos_id``."""
-    dev = target.embed.weight.device
+    dev = target.device
     lens = torch.tensor([len(p) for p in prompts], device=dev)
     slots = torch.arange(1, len(prompts) + 1, device=dev)
     last = torch.tensor([o[-1] for o in out], device=dev)

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 
 import torch
 
+from .eagle_heads import Eagle3Head
 from .head_data import Sample
-from .hf_eagle import HFEagleHead
 
 __all__ = ["accept_length", "draft_matches"]
 
 
 @torch.no_grad()
-def draft_matches(head: HFEagleHead, sample: Sample, steps: int) -> torch.Tensor:
+def draft_matches(head: Eagle3Head, sample: Sample, steps: int) -> torch.Tensor:
     """matches [steps, n] bool: draft pass k at row t proposes the answer's token t + 2 + k
     (False where that token is past the end)."""
     width = head.cfg.feature_width
@@ -57,7 +57,7 @@ def _walk(matches: torch.Tensor, start: int, last: int, steps: int) -> tuple[int
     return emitted, n_steps
 
 
-def accept_length(head: HFEagleHead, samples: Sequence[Sample], steps: Sequence[int]) -> dict[int, float]:
+def accept_length(head: Eagle3Head, samples: Sequence[Sample], steps: Sequence[int]) -> dict[int, float]:
     """The mean acceptance length (tokens emitted per engine step) of a greedy chain of S drafts
     for each S in ``steps``, over every answer in ``samples``."""
     most = max(steps)

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from .eagle_heads import Eagle3Head
 from .head_data import Sample, encode_prompts, generate_samples, read_prompts, register_gen_attention, shipped_split
 from .head_eval import accept_length
 from .head_train import TrainState, draft_ids, load_state, save_state, train_loop
-from .hf_eagle import HFEagleHead
 from .hf_load import load_config, load_target, parse_dtype
 from .hf_models import eagle3_layers
 from .hf_target import NORMED, HFTarget
@@ -124,7 +124,7 @@ def eagle3_config(target_config: Any, layers: tuple[int, ...], draft_vocab: int)
     return config
 
 
-def save_head(head: HFEagleHead, config: Any, out: Path, dtype: str) -> None:
+def save_head(head: Eagle3Head, config: Any, out: Path, dtype: str) -> None:
     """The head in the published layout: ``out/config.json`` and ``out/model.safetensors``
     (floating tensors in ``dtype``; ``d2t`` int64 and ``t2d`` bool [V], as SpecForge writes)."""
     from safetensors.torch import save_file
@@ -227,7 +227,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadTrainConfig, prompt
     config = eagle3_config(tconf, layers, vd)
     # the head's view of the target: the same model read at the head's three streams
     view = HFTarget(model.model, model.cfg.max_len, feature_layers=layers)
-    head = HFEagleHead("eagle3", config, view, draft_vocab_size=vd, biased=frozenset())
+    head = Eagle3Head(config, view, draft_vocab_size=vd, biased=frozenset())
     init_eagle3(head, view, draft_ids(train, vd, model.vocab_size))
     w_draft = model.lm_head.weight.detach()[torch.arange(vd) + head.d2t].float()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),

@@ -1,30 +1,30 @@
-"""`HFEagleHead`: a published EAGLE-1/2 or EAGLE-3 draft head, in the engine's draft-head shape.
+"""`HFEagleHead`: what the published EAGLE heads share, in the engine's draft-head shape
+(`engine.model_seam.DraftHead`); the two formats are two classes (`eagle_heads`):
 
-Parameter names are the published key layout (SafeAILab EAGLE, vLLM, SGLang), so a checkpoint
-loads with ``load_state_dict``:
-
-- EAGLE-1/2 (``fmt="eagle1"``): ``fc`` [H, 2H] over cat(embed(token), feature), Llama decoder
+- EAGLE-1/2 (`Eagle1Head`): ``fc`` [H, 2H] over cat(embed(token), feature), Llama decoder
   ``layers.{i}`` (layer 0 without ``input_layernorm``), no final norm; the embedding and the LM
   head are the target's (shared, not copied). The target's feature is its final normed state.
-- EAGLE-3 (``fmt="eagle3"``): ``fc`` [H, 3H] over three of the target's residual streams (used
+- EAGLE-3 (`Eagle3Head`): ``fc`` [H, 3H] over three of the target's residual streams (used
   where the row's feature is the target's, in `extend`); ``midlayer`` whose q/k/v take 2H,
   cat(input_layernorm(embed), hidden_norm(feature)); ``norm``; ``lm_head`` [draft_vocab, H] and
   ``d2t`` (target id = draft id + d2t[id]), applied inside the step: the logits come out over
   the target's vocabulary (-inf outside the draft vocabulary). The embedding is the target's.
 
-The engine-facing calls are those of `EagleDraftHead` (``forward(input_ids, rows)`` capturable,
-``initial_state``, ``extend``, ``allocate_cache``, ``row_template``): the same `DraftRows`, with
-``ancestors`` [M, A, layers, 2, kv_heads, head_dim] (every layer's K/V of the tokens drafted
-before the row in this step). The head computes in the target's dtype; logits leave as float32.
-A deep copy (the engine serves a copy of its draft) shares the target's tensors. transformers
-(its Llama norm, MLP and RoPE) is imported when a head is built, not with this module.
+Parameter names are the published key layout (SafeAILab EAGLE, vLLM, SGLang), so a checkpoint
+loads with ``load_state_dict``. The engine-facing calls (``forward(input_ids, rows)``
+capturable, ``initial_state``, ``extend``, ``allocate_cache``, ``row_template``) take the same
+`DraftRows`, with ``ancestors`` [M, A, layers, 2, kv_heads, head_dim] (every layer's K/V of the
+tokens drafted before the row in this step). The head computes in the target's dtype; logits
+leave as float32. A deep copy (the engine serves a copy of its draft) shares the target's
+tensors. transformers (its Llama norm, MLP and RoPE) is imported when a head is built, not with
+this module.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from torch import nn
 from .kv_cache import KVCache
 from .layers import cached_attention
 
-__all__ = ["FORMATS", "DraftRows", "HFEagleConfig", "HFEagleHead"]
+__all__ = ["FORMATS", "DecoderLayer", "DraftRows", "HFEagleConfig", "HFEagleHead"]
 
 FORMATS = ("eagle1", "eagle3")
 
@@ -88,7 +88,7 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(heads * head_dim, dim, bias="o_proj" in biased)
 
 
-class _Layer(nn.Module):
+class DecoderLayer(nn.Module):
     """A Llama decoder layer's modules (attention input built by the head)."""
 
     def __init__(self, config: Any, in_dim: int, input_norm: bool, hidden_norm: bool, head_dim: int,
@@ -108,43 +108,32 @@ class _Layer(nn.Module):
 
 
 class HFEagleHead(nn.Module):
-    """A published head of format ``fmt`` (`FORMATS`) for ``target`` (an `HFTarget` whose features
-    are what the head reads), from the head's Llama ``config``; ``max_len`` is the target's cache
-    length. ``biased``: the linear layers with a bias ("fc", "q_proj", "k_proj", "v_proj",
-    "o_proj"; None: the config's ``bias`` for fc and ``attention_bias`` for the attention).
-    Weights are loaded by the caller (`hf_models.load_draft`)."""
+    """What the published heads share (`Eagle1Head`, `Eagle3Head` in `eagle_heads`; build one by
+    format with `eagle_heads.make_head`): the Llama attention over the draft cache and the rows'
+    ancestors, the capturable draft call, `extend`, the training passes. A subclass says what
+    differs: its modules (`_build`), how a row's first input is made (`_inputs`), its decoder
+    blocks (`_blocks`) and its logits (`_logits`, over the target's vocabulary). ``target`` is an
+    `HFTarget` whose features the head reads; ``max_len`` is the target's cache length.
+    ``biased``: the linear layers with a bias ("fc", "q_proj", "k_proj", "v_proj", "o_proj";
+    None: the subclass's `default_biased` of the config). Weights are loaded by the caller
+    (`hf_models.load_draft`)."""
 
-    def __init__(self, fmt: str, config: Any, target: Any, draft_vocab_size: int | None = None,
-                 max_ancestors: int = 7, biased: frozenset[str] | None = None) -> None:
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+    fmt: ClassVar[str]  # the published layout's name (`FORMATS`): what `describe` reports
+
+    def __init__(self, config: Any, target: Any, n_layers: int, draft_vocab_size: int, max_ancestors: int = 7,
+                 biased: frozenset[str] | None = None) -> None:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         super().__init__()
-        if fmt not in FORMATS:
-            raise ValueError(f"fmt={fmt!r}: must be one of {list(FORMATS)}")
         h = config.hidden_size
         heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         hd = getattr(config, "head_dim", None) or h // heads
-        eagle3 = fmt == "eagle3"
-        if biased is None:
-            attention = {"q_proj", "k_proj", "v_proj", "o_proj"} if getattr(config, "attention_bias", False) else set()
-            biased = frozenset(attention | ({"fc"} if getattr(config, "bias", True) and not eagle3 else set()))
-        n_layers = 1 if eagle3 else config.num_hidden_layers
-        feature_width = target.hidden_size
-        vd = draft_vocab_size if eagle3 else target.vocab_size
-        self.cfg = HFEagleConfig(fmt, h, n_layers, heads, kv, hd, target.vocab_size, vd, feature_width,
-                                 tuple(target.cfg.feature_layers), target.cfg.max_len, max_ancestors,
-                                 config.to_json_string(use_diff=False))
-        dtype, device = target.dtype, target.device
-        if eagle3:
-            self.fc = nn.Linear(feature_width, h, bias="fc" in biased)
-            self.midlayer = _Layer(config, 2 * h, True, True, hd, biased)
-            self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
-            self.lm_head = nn.Linear(h, vd, bias=False)
-            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
-        else:
-            self.fc = nn.Linear(2 * h, h, bias="fc" in biased)
-            self.layers = nn.ModuleList(_Layer(config, h, i > 0, False, hd, biased) for i in range(n_layers))
+        self.cfg = HFEagleConfig(self.fmt, h, n_layers, heads, kv, hd, target.vocab_size, draft_vocab_size,
+                                 target.hidden_size, tuple(target.cfg.feature_layers), target.cfg.max_len,
+                                 max_ancestors, config.to_json_string(use_diff=False))
+        self._build(config, self.default_biased(config) if biased is None else biased)
         self.rotary = LlamaRotaryEmbedding(config)
+        dtype, device = target.dtype, target.device
         self.to(dtype=dtype, device=device)
         # RoPE angles once, as tables read by position: every backend then gathers the same
         # values (a compiled kernel's own cos / sin may differ from eager's in the last bit)
@@ -155,15 +144,42 @@ class HFEagleHead(nn.Module):
         self.register_buffer("rope_sin", sin[0], persistent=False)
         # the target's tensors, shared (non-persistent: never saved, refitted or copied)
         self.register_buffer("embed_w", target.embed.weight.detach(), persistent=False)
-        if not eagle3:
-            self.register_buffer("lm_w", target.model.get_output_embeddings().weight.detach(), persistent=False)
+        self._share_target(target)
         self.cache: KVCache | None = None
+
+    # ---- what a format says -------------------------------------------------------------------
+    @staticmethod
+    def default_biased(config: Any) -> frozenset[str]:
+        """The linear layers with a bias when the caller names none (the config's attention_bias)."""
+        return frozenset({"q_proj", "k_proj", "v_proj", "o_proj"} if getattr(config, "attention_bias", False) else ())
+
+    def _build(self, config: Any, biased: frozenset[str]) -> None:
+        """Register the format's own modules (its published parameter names)."""
+        raise NotImplementedError
+
+    def _share_target(self, target: Any) -> None:
+        """Register the target's tensors the format reads besides its embedding (none here)."""
+
+    def _shared(self) -> tuple[torch.Tensor, ...]:
+        """The target's tensors a copy shares instead of copying."""
+        return (self.embed_w,)
+
+    def _blocks(self) -> list[DecoderLayer]:
+        raise NotImplementedError
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary (float32)."""
+        raise NotImplementedError
+
+    def _inputs(self, feature: torch.Tensor, tokens: torch.Tensor, from_target: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the first layer's attention input, its residual) for features and next tokens."""
+        raise NotImplementedError
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HFEagleHead:
         """A copy sharing the target's tensors (the engine copies its draft to own the cache)."""
-        memo[id(self.embed_w)] = self.embed_w
-        if hasattr(self, "lm_w"):
-            memo[id(self.lm_w)] = self.lm_w
+        for t in self._shared():
+            memo[id(t)] = t
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
@@ -176,11 +192,13 @@ class HFEagleHead(nn.Module):
         return self.embed_w.dtype
 
     @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
+    def device(self) -> torch.device:
+        return self.embed_w.device
 
-    def _blocks(self) -> list[_Layer]:
-        return [self.midlayer] if self.cfg.fmt == "eagle3" else list(self.layers)
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary the logits come over: the target's."""
+        return self.cfg.vocab_size
 
     def row_template(self, rows: int, device: torch.device | str) -> DraftRows:
         """Zero draft rows [rows, ...] (the worker's static graph inputs and its input rules)."""
@@ -200,26 +218,7 @@ class HFEagleHead(nn.Module):
         return self.cache
 
     # ---- shared pieces ------------------------------------------------------------------------
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's vocabulary (float32)."""
-        if self.cfg.fmt == "eagle1":
-            return (x @ self.lm_w.t()).float()
-        draft = self.lm_head(self.norm(x)).float()
-        ids = torch.arange(draft.shape[-1], device=draft.device) + self.d2t
-        full = draft.new_full((*draft.shape[:-1], self.cfg.vocab_size), float("-inf"))
-        return full.scatter(-1, ids.expand(draft.shape), draft)
-
-    def _inputs(self, feature: torch.Tensor, tokens: torch.Tensor, from_target: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the first layer's attention input, its residual) for features and next tokens."""
-        emb = self.embed_w[tokens]
-        if self.cfg.fmt == "eagle1":
-            x = self.fc(torch.cat([emb, feature], -1))
-            return x, x
-        hid = self.fc(feature) if from_target else feature
-        return torch.cat([self.midlayer.input_layernorm(emb), self.midlayer.hidden_norm(hid)], -1), hid
-
-    def _qkv(self, layer: _Layer, x: torch.Tensor, pos: torch.Tensor
+    def _qkv(self, layer: DecoderLayer, x: torch.Tensor, pos: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [..., H, hd], k, v [..., Hk, hd] with RoPE at pos [...]."""
         c, attn = self.cfg, layer.self_attn
@@ -230,12 +229,12 @@ class HFEagleHead(nn.Module):
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     @staticmethod
-    def _finish(layer: _Layer, residual: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    def _finish(layer: DecoderLayer, residual: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         x = residual + layer.self_attn.o_proj(att)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def _next_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self.layers[i].input_layernorm(x)
+        return self._blocks()[i].input_layernorm(x)
 
     # ---- the capturable draft call ------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, DraftRows]:

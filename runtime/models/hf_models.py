@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .eagle_heads import make_head
 from .hf_eagle import HFEagleHead
 from .hf_load import check_weights, load_config, load_target, parse_dtype, read_config
 from .hf_target import NORMED, HFTarget
@@ -170,7 +171,7 @@ def load_draft(draft: str | Path, target: HFTarget) -> HFEagleHead:
     # lack is refused as a missing key
     biased = frozenset(name for name in ("fc", "q_proj", "k_proj", "v_proj", "o_proj")
                        if any(k == f"{name}.bias" or k.endswith(f".{name}.bias") for k in tensors))
-    head = HFEagleHead(fmt, config, target, draft_vocab_size=vd, biased=biased)
+    head = make_head(fmt, config, target, draft_vocab_size=vd, biased=biased)
     given = _check_tensors(path, head, tensors)
     head.load_state_dict({k: v.to(dtype=head.state_dict()[k].dtype) for k, v in given.items()}, strict=False)
     logger.info("draft head %s (%s) from %s: reads target features %s", fmt, path.name, folder, list(want))

@@ -42,6 +42,12 @@ class KVCache:
             kc[slots, dst] = kc[slots, src]
             vc[slots, dst] = vc[slots, src]
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy slot ``src``'s first ``length`` positions to slot ``dst`` in every layer (a
+        prompt's prefill shared by requests of the same prompt)."""
+        for t in (*self.k, *self.v):
+            t[dst, :length] = t[src, :length]
+
     def slot_snapshot(self, slot: int) -> list[torch.Tensor]:
         """Copies of one slot's K and V of every layer (tests: pad rows must not touch them)."""
         return [t[slot].clone() for t in (*self.k, *self.v)]

@@ -5,7 +5,7 @@
 2. Wrapped as an `HFTarget` (the engine's attention, its static cache), it writes its own greedy
    continuations of training prompts: the text the engine will verify at inference, so the
    drafts are distilled on exactly that distribution, with the residual streams they read.
-3. The EAGLE-3 head (`HFEagleHead`, published layout) is distilled against the target's argmax
+3. The EAGLE-3 head (`Eagle3Head`, published layout) is distilled against the target's argmax
    in the two passes the engine runs (`HFEagleHead.train_forward`), over its draft vocabulary
    (the bytes the target writes most; its LM head and norm start from the target's rows); the
    multi-layer draft against the argmax of each of its layers' positions.
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hf_eagle import HFEagleHead
+from .eagle_heads import Eagle3Head
 from .hf_target import HFTarget
 from .multi_layer import MultiLayerDraft
 
@@ -145,7 +145,7 @@ def draft_vocabulary(data: Distilled, size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def init_eagle3(head: HFEagleHead, target: HFTarget, ids: torch.Tensor) -> None:
+def init_eagle3(head: Eagle3Head, target: HFTarget, ids: torch.Tensor) -> None:
     """Start an EAGLE-3 head's LM head and norm from the target's rows for draft ids ``ids`` and
     its final norm, and set ``d2t``."""
     head.lm_head.weight.copy_(target.lm_head.weight[ids])
@@ -173,7 +173,7 @@ def _draft_loop(module: nn.Module, steps: int, plan: TrainPlan, seed: int, count
     return loss_v
 
 
-def train_eagle(head: HFEagleHead, data: Distilled, plan: TrainPlan, seed: int,
+def train_eagle(head: Eagle3Head, data: Distilled, plan: TrainPlan, seed: int,
                 progress: Progress = lambda n: None) -> float:
     """Distill the EAGLE-3 head on the target's greedy text (labels outside its draft vocabulary
     are skipped: it can never propose them); returns the last loss."""

@@ -24,7 +24,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from .admin import MAX_PROFILE_STEPS, admin_allowed, profile_window, reload_args_from_body
 from .bridge import QueueFull, Stream
 from .config import MAX_BODY_BYTES
-from .logprobs import chat_logprobs, completion_logprobs, token_logprobs
+from .logprobs import LogprobCursor, chat_logprobs, completion_logprobs, token_logprobs
 from .metrics import HttpMetrics
 from .state import ServeState
 from .text import TextCursor, chat_prompt_ids, encode_prompt
@@ -127,6 +127,9 @@ class _Reply:
         self.prompt_ids = prompt_ids
         self.cursor = TextCursor(st.tokenizer, req.stop)
         self.chat = req.kind == "chat"
+        self.seen = 0  # tokens behind the text handed out so far
+        self.lp: LogprobCursor | None = None  # a streamed reply's log-probabilities (`stream_logprobs`)
+        self.lp_offset = 0  # characters of the tokens whose log-probabilities were sent
 
     async def pieces(self, gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
         """New text as committed; ends when the request ends, a stop string came or ``gone()``
@@ -142,6 +145,7 @@ class _Reply:
                 if error is not None:
                     raise _StreamFailed(error)
                 piece = self.cursor.advance(tokens, done)
+                self.seen = len(tokens)
                 if piece:
                     yield piece
                 if done or self.cursor.stopped:
@@ -159,13 +163,14 @@ class _Reply:
         p, c = self.stream.prompt_len, len(self.stream.tokens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    def _chunk(self, text: str | None, finish: str | None, role: bool = False,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
                 {} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.st.created, "model": self.req.model, "choices": [choice]}
 
@@ -176,8 +181,10 @@ class _Reply:
             if self.chat:
                 yield _sse(self._chunk(None, None, role=True))
             async for piece in self.pieces():
-                yield _sse(self._chunk(piece, None))
-            yield _sse(self._chunk(None, self.finish_reason()))
+                yield _sse(self._chunk(piece, None, logprobs=await self.stream_logprobs(self.seen)))
+            # the tokens left (past a stop string, or behind no text) with the finish, as a whole reply has them
+            yield _sse(self._chunk(None, self.finish_reason(),
+                                   logprobs=await self.stream_logprobs(len(self.stream.tokens))))
             if self.req.include_usage:
                 yield _sse({**self._chunk(None, None), "choices": [], "usage": self.usage()})
         except _StreamFailed as exc:
@@ -200,6 +207,24 @@ class _Reply:
                              "created": self.st.created, "model": self.req.model, "choices": [choice],
                              "usage": self.usage()})
 
+
+    async def stream_logprobs(self, upto: int) -> dict[str, Any] | None:
+        """A chunk's log-probabilities: those of the reply's tokens before ``upto`` not sent yet
+        (a `LogprobCursor`, computed between two steps); None when the request asks for none."""
+        st, req = self.st, self.req
+        if req.logprobs is None:
+            return None
+        if self.lp is None:
+            params = req.sampling.params(dict(st.config.sampling_defaults))[0]
+            self.lp = LogprobCursor(st.bridge.engine.target, list(self.prompt_ids or []),
+                                    params.temperature if params is not None else 0.0, req.logprobs or 0)
+        lp, tokens = self.lp, list(self.stream.tokens[:upto])
+        entries = await asyncio.wrap_future(st.bridge.call_at_boundary(lambda: lp.advance(tokens)))
+        if self.chat:
+            return chat_logprobs(st.tokenizer, entries)
+        out = completion_logprobs(st.tokenizer, entries, self.lp_offset)
+        self.lp_offset += sum(len(t) for t in out["tokens"])
+        return out
 
     async def logprobs(self) -> dict[str, Any]:
         """The reply's log-probabilities (`serve.logprobs`), computed between two steps."""

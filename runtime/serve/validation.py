@@ -3,9 +3,8 @@
 Every refusal is a `BadRequest` naming the field, the value and the rule (HTTP 400; an unknown
 model is 404), raised before anything reaches the engine. Sampling fields (``temperature``,
 ``top_p``, ``top_k``, ``min_p``, ``seed``, ``n``) are checked by `sampling_fields`; what the server
-does not implement (penalties other than 0, ``echo``, ``best_of`` > 1, ``logprobs`` with
-``stream``) is refused at
-the values that would change the reply, and any field not listed here is refused, never silently
+does not implement (penalties other than 0, ``echo``, ``best_of`` > 1) is refused at the values
+that would change the reply, and any field not listed here is refused, never silently
 ignored (``logit_bias``, ``response_format``, ...).
 """
 
@@ -93,11 +92,6 @@ def _greedy_only(field: str, value: Any, allowed: Callable[[Any], bool], rule: s
         raise BadRequest(field, f"{_shown(value)}: {rule} (not implemented by this server)")
 
 
-def _whole_only(field: str, common: Mapping[str, Any]) -> None:
-    if common["stream"]:
-        raise BadRequest(field, "log probabilities come with whole answers only (stream=false)")
-
-
 def _stop(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -162,7 +156,6 @@ def parse_completion(data: Mapping[str, Any], model: str, max_tokens_limit: int)
     logprobs = data.get("logprobs")
     if logprobs is not None:
         logprobs = _int("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)
-        _whole_only("logprobs", common)
     _greedy_only("echo", data.get("echo"), lambda v: v is False, "only false is supported")
     _greedy_only("best_of", data.get("best_of"), lambda v: v == 1, "only 1 is supported")
     prompt = data.get("prompt")
@@ -184,8 +177,6 @@ def parse_chat(data: Mapping[str, Any], model: str, max_tokens_limit: int) -> Ge
     top = None if top is None else _int("top_logprobs", top, 0, MAX_TOP_LOGPROBS)
     if top is not None and not wanted:
         raise BadRequest("top_logprobs", f"{top}: only with logprobs=true")
-    if wanted:
-        _whole_only("logprobs", common)
     logprobs = (top or 0) if wanted else None
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -50,3 +50,24 @@ def test_bad_sampling_flags_exit_2_naming_the_field(flags, message):
     p = _run("generate", "x", "--backend", "eager", *flags, timeout=60)
     assert p.returncode == 2 and message in p.stderr, p.stderr
     assert "Loading weights" not in p.stderr  # refused before the models load
+
+
+def test_simulate_reports_each_temperature_side_by_side():
+    """--temperatures: the workload once per temperature (the command's own run serves its own
+    temperature), each lossless against its plain baseline (greedy at 0, plain sampling above)."""
+    p = _run("simulate", "--requests", "2", "--backend", "eager", "--adaptive", "", "--temperature", "0.7",
+             "--top-k", "20", "--sampling-seed", "5", "--temperatures", "0,0.7,1.0", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    rows = report["temperatures"]
+    assert [r["temperature"] for r in rows] == [0.0, 0.7, 1.0]
+    assert all(r["identical_to_plain"] is True and r["tokens_per_s"] > 0 for r in rows), rows
+    assert rows[1]["accept_length_mean"] == report["accept_length_mean"]  # the command's own run
+
+
+@pytest.mark.parametrize("value,message", [("0,3", "3.0 is not in [0, 2]"), ("0,x", "comma-separated numbers"),
+                                           ("1,1", "repeated"), ("0,0.5,0.7,0.9,1", "1 to 4 temperatures")])
+def test_bad_temperatures_exit_2_naming_the_flag(value, message):
+    p = _run("simulate", "--backend", "eager", "--temperatures", value, timeout=60)
+    assert p.returncode == 2 and "--temperatures" in p.stderr and message in p.stderr, p.stderr
+    assert "Loading weights" not in p.stderr  # refused before the models load

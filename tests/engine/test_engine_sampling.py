@@ -2,8 +2,8 @@
 
 The plain reference is `sampled_generate` (one token per forward, no speculation, the token at
 position t drawn with uniforms keyed by (seed, t)); the engine must equal it token for token for
-chains, dynamic and static trees, eager and trace, the verify / extend graphs, speculation off
-(S = 0), a batch mixing greedy and sampled requests with every filter (temperature 0.5 / 1.0,
+chains, dynamic and static trees, eager and trace (compile in the slow tier), the verify / extend
+graphs, speculation off (S = 0), a batch mixing greedy and sampled requests with every filter (temperature 0.5 / 1.0,
 top-p 0.9, top-k 20, min-p 0.05), an adaptive switch and reloads mid-run. Seeds: the same seed
 gives the same tokens alone and in a batch of 8; different seeds differ.
 """
@@ -53,6 +53,9 @@ CASES = [
     (STATIC, "trace"),
     pytest.param(SpeculativeConfig(5, 1), "eager", marks=pytest.mark.slow),
     pytest.param(SpeculativeConfig(3, 4, 10), "trace", marks=pytest.mark.slow),
+    # the compile backend (inductor, a compile per graph size: minutes on a CPU) in the slow tier
+    pytest.param(CHAIN, "compile", marks=pytest.mark.slow),
+    pytest.param(STATIC, "compile", marks=pytest.mark.slow),
 ]
 
 
@@ -125,7 +128,7 @@ def test_adaptive_switch_and_reloads_mid_run():
 
 
 # ---- seeds -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["eager", "trace"])
+@pytest.mark.parametrize("backend", ["eager", "trace", pytest.param("compile", marks=pytest.mark.slow)])
 def test_same_seed_same_tokens_alone_and_in_a_batch_of_8(backend):
     engine = _engine(DYNAMIC, backend)
     mine = SamplingParams(0.8, top_p=0.95, seed=7)
@@ -135,6 +138,21 @@ def test_same_seed_same_tokens_alone_and_in_a_batch_of_8(backend):
     assert batch[-1] == alone
     assert engine.generate(_prompts()[:1], MAX_NEW, mine)[0] == alone
     assert alone == sampled_generate(models("eagle")[0], _prompts()[:1], MAX_NEW, mine)[0]
+
+
+def test_choices_of_one_prompt_share_its_prefill():
+    """n samples of one prompt admitted together (the server's ``n``): one target prefill, the
+    others copy its K/V; each is still its own seed's plain sampled run (a wrong copy would
+    leave them attending to another slot's cache), and the greedy twin greedy decoding."""
+    engine = _engine(CHAIN, "eager")
+    prompt = _prompts()[0]
+    params = [SamplingParams(1.0, seed=s) for s in (21, 22, 23)] + [GREEDY]
+    out = engine.generate([prompt] * 4, MAX_NEW, params)
+    assert out == sampled_generate(models("eagle")[0], [prompt] * 4, MAX_NEW, params)
+    assert out[3] == reference()[0]
+    assert engine.stats()["prefills_shared"] == 3
+    engine.generate(_prompts()[:4], MAX_NEW, params)  # four prompts: nothing to share
+    assert engine.stats()["prefills_shared"] == 3
 
 
 def test_different_seeds_differ():

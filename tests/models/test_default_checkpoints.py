@@ -71,4 +71,4 @@ def test_a_damaged_checkpoint_folder_is_written_again(caplog):
         target, head = defaults.default_models(plan=TINY)
     (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "damaged" in record.getMessage() and "writing it again" in record.getMessage()
-    assert weights.read_bytes() == raw and type(head).__name__ == "HFEagleHead"
+    assert weights.read_bytes() == raw and type(head).__name__ == "Eagle3Head"  # one class per format

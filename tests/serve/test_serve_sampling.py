@@ -119,10 +119,33 @@ def test_logprobs_are_the_targets_after_temperature(client):
     assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)
 
 
-def test_logprobs_are_refused_with_stream(client):
-    with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=MODEL, prompt="x", max_tokens=4, logprobs=1, stream=True)
-    assert info.value.body["param"] == "logprobs"
+def test_streamed_logprobs_are_the_targets_chunk_by_chunk(client):
+    """stream=true with logprobs: each chunk carries its new tokens' log-probabilities (the
+    tokens left behind no text come with the finish); together they are the target's own,
+    token for token, with offsets into the whole text."""
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16,
+                                            temperature=0.8, seed=7, logprobs=2, stream=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == sampled_text("Once upon a time", 16, SamplingParams(0.8, seed=7))
+    values, tokens, offsets = [], [], []
+    for c in chunks:
+        lp = c.choices[0].logprobs if c.choices else None
+        if lp is not None:
+            values, tokens, offsets = values + lp.token_logprobs, tokens + lp.tokens, offsets + lp.text_offset
+            assert all(len(top) == 2 for top in lp.top_logprobs)
+    assert "".join(tokens) == text and len(values) == 16
+    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    oracle = _oracle_logprobs("Once upon a time", text, 0.8)
+    from draftgraph.runtime.models import default_tokenizer
+
+    ids = default_tokenizer().encode(text)
+    assert all(v == pytest.approx(oracle[i][ids[i]], abs=1e-9) for i, v in enumerate(values))
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}],
+                                          max_tokens=8, logprobs=True, top_logprobs=3, stream=True)
+    content = [e for c in chat if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(content) == 8 and all(len(e.top_logprobs) == 3 for e in content)
+    # greedy: the emitted token is the most likely one
+    assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in content)
 
 
 def test_left_out_fields_take_the_generation_config(tmp_path):

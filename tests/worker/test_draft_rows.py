@@ -12,6 +12,7 @@ from draft_support import assert_same
 
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftInput
+from draftgraph.runtime.models.eagle_heads import Eagle1Head
 from draftgraph.runtime.models.hf_eagle import DraftRows, HFEagleHead
 from draftgraph.runtime.models.hf_target import NORMED, HFTarget
 from draftgraph.runtime.worker.draft_rows import RowLayout, leaves, map_rows, row_count
@@ -35,7 +36,7 @@ def make_head(seed: int = 0) -> HFEagleHead:
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
     target = HFTarget(LlamaForCausalLM(config), MAX_LEN, feature_layers=(NORMED,))
-    head = HFEagleHead("eagle1", config, target, max_ancestors=A)
+    head = Eagle1Head(config, target, max_ancestors=A)
     cache = head.allocate_cache(SLOTS)
     gen = torch.Generator().manual_seed(seed + 7)
     for t in (*cache.k, *cache.v):  # a prefix the rows attend to
