@@ -20,9 +20,9 @@ class Eagle1Head(HFEagleHead):
 
     fmt = "eagle1"
 
-    def __init__(self, config: Any, target: Any, max_ancestors: int = 7, biased: frozenset[str] | None = None
-                 ) -> None:
-        super().__init__(config, target, config.num_hidden_layers, target.vocab_size, max_ancestors, biased)
+    def __init__(self, config: Any, target: Any, max_ancestors: int = 7, biased: frozenset[str] | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(config, target, config.num_hidden_layers, target.vocab_size, max_ancestors, biased, dtype)
 
     @staticmethod
     def default_biased(config: Any) -> frozenset[str]:
@@ -36,7 +36,8 @@ class Eagle1Head(HFEagleHead):
                                     for i in range(c.n_layers))
 
     def _share_target(self, target: Any) -> None:
-        self.register_buffer("lm_w", target.model.get_output_embeddings().weight.detach(), persistent=False)
+        lm = target.model.get_output_embeddings().weight.detach()
+        self.register_buffer("lm_w", lm.to(self.dtype), persistent=False)
 
     def _shared(self) -> tuple[torch.Tensor, ...]:
         return (self.embed_w, self.lm_w)
@@ -63,9 +64,9 @@ class Eagle3Head(HFEagleHead):
     fmt = "eagle3"
 
     def __init__(self, config: Any, target: Any, draft_vocab_size: int | None = None, max_ancestors: int = 7,
-                 biased: frozenset[str] | None = None) -> None:
+                 biased: frozenset[str] | None = None, dtype: torch.dtype | None = None) -> None:
         vd = target.vocab_size if draft_vocab_size is None else draft_vocab_size
-        super().__init__(config, target, 1, vd, max_ancestors, biased)
+        super().__init__(config, target, 1, vd, max_ancestors, biased, dtype)
 
     def _build(self, config: Any, biased: frozenset[str]) -> None:
         from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -94,15 +95,15 @@ class Eagle3Head(HFEagleHead):
 
 
 def make_head(fmt: str, config: Any, target: Any, draft_vocab_size: int | None = None, max_ancestors: int = 7,
-              biased: frozenset[str] | None = None) -> HFEagleHead:
+              biased: frozenset[str] | None = None, dtype: torch.dtype | None = None) -> HFEagleHead:
     """The head of the published layout ``fmt`` (`FORMATS`, as `hf_models.head_format` tells it
     from a checkpoint); ``draft_vocab_size`` is EAGLE-3's (an EAGLE-1/2 head drafts over the
-    target's vocabulary and takes none)."""
+    target's vocabulary and takes none); ``dtype`` None: the target's."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: must be one of {list(FORMATS)}")
     if fmt == "eagle1":
         if draft_vocab_size not in (None, target.vocab_size):
             raise ValueError(f"draft_vocab_size={draft_vocab_size}: an EAGLE-1/2 head drafts over the target's "
                              f"vocabulary ({target.vocab_size})")
-        return Eagle1Head(config, target, max_ancestors, biased)
-    return Eagle3Head(config, target, draft_vocab_size, max_ancestors, biased)
+        return Eagle1Head(config, target, max_ancestors, biased, dtype)
+    return Eagle3Head(config, target, draft_vocab_size, max_ancestors, biased, dtype)

@@ -121,7 +121,7 @@ class HFEagleHead(nn.Module):
     fmt: ClassVar[str]  # the published layout's name (`FORMATS`): what `describe` reports
 
     def __init__(self, config: Any, target: Any, n_layers: int, draft_vocab_size: int, max_ancestors: int = 7,
-                 biased: frozenset[str] | None = None) -> None:
+                 biased: frozenset[str] | None = None, dtype: torch.dtype | None = None) -> None:
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         super().__init__()
@@ -133,7 +133,7 @@ class HFEagleHead(nn.Module):
                                  max_ancestors, config.to_json_string(use_diff=False))
         self._build(config, self.default_biased(config) if biased is None else biased)
         self.rotary = LlamaRotaryEmbedding(config)
-        dtype, device = target.dtype, target.device
+        dtype, device = dtype or target.dtype, target.device
         self.to(dtype=dtype, device=device)
         # RoPE angles once, as tables read by position: every backend then gathers the same
         # values (a compiled kernel's own cos / sin may differ from eager's in the last bit)
@@ -142,8 +142,9 @@ class HFEagleHead(nn.Module):
                                    torch.arange(target.cfg.max_len, device=device)[None])
         self.register_buffer("rope_cos", cos[0], persistent=False)  # [max_len, head_dim]
         self.register_buffer("rope_sin", sin[0], persistent=False)
-        # the target's tensors, shared (non-persistent: never saved, refitted or copied)
-        self.register_buffer("embed_w", target.embed.weight.detach(), persistent=False)
+        # the target's tensors, shared (non-persistent: never saved, refitted or copied); in a
+        # head of another dtype than the target's (a q4 target's float32 head), a converted copy
+        self.register_buffer("embed_w", target.embed.weight.detach().to(dtype), persistent=False)
         self._share_target(target)
         self.cache: KVCache | None = None
 

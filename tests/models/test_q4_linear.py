@@ -108,6 +108,7 @@ def test_a_q4_target_is_its_own_identity(folders):
 @pytest.mark.parametrize("backend", ["eager", "trace"])
 def test_the_engine_on_a_q4_target_equals_its_own_greedy(folders, backend):
     target, head = load_models(folders["q4"], folders["head"], "float64", max_len=96, weights="q4")
+    assert target.dtype == torch.float64 and head.dtype == torch.float32  # the draft only proposes
     want = greedy_generate(target, PROMPTS, MAX_NEW)
     spec = SpeculativeConfig(3, 2, tree_choices=((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
     args = RuntimeArgs(spec, CudaGraphConfig(PhaseGraphConfig(bs=(4,))), max_running_requests=4)
