@@ -29,7 +29,7 @@ from draftgraph.runtime import (
     chain_capacity,
     parse_tree_choices,
 )
-from draftgraph.runtime.console import prepare_console
+from draftgraph.runtime.console import SERVING_COMMANDS, prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.settings import read_settings
 
@@ -643,10 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     ns = ap.parse_args(argv)
     _quiet_cpu_torch_notices()
-    # simulate and generate take SIGHUP from now (before the models load; the console script
+    # simulate, generate and serve take SIGHUP from now (before the models load; the console script
     # held it since before torch loaded) until the process exits: it is never given back, a late
     # one is logged and ignored
-    serving = ns.cmd in ("simulate", "generate", "serve")
+    serving = ns.cmd in SERVING_COMMANDS
     hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd).install() if serving else None
     try:
         if ns.cmd == "info":
