@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from draftgraph.runtime.sampling import GREEDY, SamplingParams
 
+from .admission import AdmissionRules
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 
@@ -36,7 +37,7 @@ class InboxFull(RuntimeError):
 
 class RequestTable:
     """Requests of one engine with ``max_slots`` slots (numbered 1..max_slots; slot 0 is the
-    dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts;
+    dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts (`rules`);
     ``reserve`` positions of ``max_len`` stay free for the widest verify tree; ``max_inbox``
     adds may wait for the next step boundary (`InboxFull` past it)."""
 
@@ -44,6 +45,7 @@ class RequestTable:
                  max_inbox: int = MAX_INBOX) -> None:
         self.max_slots = max_slots
         self.vocab_size, self.max_len, self.reserve = vocab_size, max_len, reserve
+        self.rules = AdmissionRules(vocab_size, max_len, reserve)  # the routes ask the same object
         self.stats = stats
         self.running: list[Request] = []
         self._next_id = 0
@@ -66,18 +68,7 @@ class RequestTable:
             raise TypeError(f"sampling={sampling!r}: must be a SamplingParams or None")
         if not sampling.greedy and sampling.seed is None:
             raise ValueError(f"sampling={sampling!r}: seed=None, a sampled request's seed must be resolved")
-        v, limit = self.vocab_size, self.max_len
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
-        ids = list(prompt_ids)
-        if not ids:
-            raise ValueError("prompt_ids=[]: a prompt needs at least one token")
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v:
-                raise ValueError(f"prompt_ids[{i}]={t!r}: token ids must be ints in [0, {v})")
-        if len(ids) + max_new_tokens + self.reserve > limit:
-            raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
-                             f"{self.reserve} positions of max_len={limit} for the verify tree")
+        ids = self.rules.check(prompt_ids, max_new_tokens)
         with self._lock:
             if len(self._inbox) >= self.max_inbox:
                 raise InboxFull(f"{len(self._inbox)} adds wait in the inbox for a step boundary "
