@@ -243,10 +243,10 @@ class SpecDecodeEngine:
         self.seeds.log(rid, sampling, used)
         return rid
 
-    def result(self, rid: int) -> list[int]:
-        """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
-        RequestFailed for a failed request, KeyError for an unknown or taken id."""
-        return self.requests.result(rid)
+    def result(self, rid: int, start: int = 0) -> list[int]:
+        """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken), from
+        ``start`` on; RequestFailed for a failed request, KeyError for an unknown or taken id."""
+        return self.requests.result(rid, start)
 
     def pop_result(self, rid: int) -> list[int] | None:
         """Take the tokens of ended request ``rid`` (then forgotten); None while it is live;

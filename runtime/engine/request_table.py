@@ -80,15 +80,16 @@ class RequestTable:
             self._inbox.append(req)
         return rid
 
-    def result(self, rid: int) -> list[int]:
-        """Tokens generated so far for ``rid``; RequestFailed for a failed request, KeyError for
-        an unknown or taken id."""
+    def result(self, rid: int, start: int = 0) -> list[int]:
+        """Tokens generated so far for ``rid`` from index ``start`` on (a reader that has the
+        first ``start`` copies only the new ones); RequestFailed for a failed request, KeyError
+        for an unknown or taken id."""
         with self._lock:
             req = self._finished.get(rid) or self._live.get(rid)
             if req is None:
                 raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
         _raise_failed(req)
-        return list(req.output)
+        return req.output[start:]
 
     def pop_result(self, rid: int) -> list[int] | None:
         """Take the tokens of ended request ``rid`` (then forgotten); None while it is live."""
