@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import Miss, resolve_backend, span, spans_active
+from draftgraph.graphs import Miss, capabilities, resolve_backend, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker.host_phases import GraphStep
@@ -52,7 +52,7 @@ def default_graph_phases(backend: str) -> tuple[str, ...]:
     measured they do not pay (docs/performance.md: "trace" replays the verify at 0.6-0.9x eager
     and "compile" keeps its FX replay, the compiled verify not being bit-equal), while every
     phase costs a capture per size and tier. Ask for them with ``graph_phases``."""
-    return PHASE_NAMES if backend == "cuda" else ()
+    return PHASE_NAMES if capabilities(backend).replays_on_device else ()
 
 
 def default_tiers(cache_len: int) -> tuple[int, ...]:
@@ -226,7 +226,7 @@ def engine_phases(target: Any, cache: Any, drafter: Any, backend: str, graph_pha
     """The verify / extend phases every captured state of an engine holds (None: the eager
     backend, or no phase asked for); ``graph_phases`` None: `default_graph_phases` of the
     backend; ``kv_tiers`` None: `default_tiers` of the cache."""
-    if backend == "eager":
+    if not capabilities(backend, device=cache.k[0].device).captures:
         return None
     if graph_phases is None:
         graph_phases = default_graph_phases(resolve_backend(backend, device=cache.k[0].device))

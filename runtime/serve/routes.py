@@ -276,8 +276,8 @@ async def health(request: Request) -> Response:
         startup = engine.startup()
         out.update(st.bridge.counts())
         out.update(steps=st.bridge.steps, step_failures=st.bridge.step_failures, backend=engine.backend,
-                   capture=startup.get("capture"), graphs_ready=engine.backend == "eager"
-                   or startup.get("graphs_ready_s") is not None, graphs_ready_s=startup.get("graphs_ready_s"),
+                   capture=startup.get("capture"), graphs_ready_s=startup.get("graphs_ready_s"),
+                   graphs_ready=startup.get("graphs_ready_s") is not None,  # the engine's 0.0 where nothing captures
                    generation=getattr(engine.worker, "generation", None))
     return JSONResponse(out, status_code=200 if st.phase == "serving" else 503)
 

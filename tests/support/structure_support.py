@@ -232,3 +232,29 @@ def imports_of_test_code(path: Path, test_modules: set[str]) -> set[str]:
     ``test_modules`` (tests/support/ on sys.path makes ``engine_support`` importable by its bare name)."""
     return {m for m in imported_modules(path)
             if m == "tests" or m.startswith("tests.") or m.split(".")[0] in test_modules}
+
+
+def name_comparisons(path: Path, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of each comparison of something with one of ``names`` (a string literal):
+    ``x == "name"``, ``x != "name"``, ``x in ("name", ...)`` (a literal tuple, list or set).
+    A device's type (``d.type == "cuda"``) is not a backend's name and does not count."""
+
+    def literal(node: ast.AST) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and node.value in names else None
+
+    found = []
+    for node in ast.walk(_parse(path)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:]):
+            if any(isinstance(side, ast.Attribute) and side.attr == "type" for side in (left, right)):
+                continue
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                hits = [h for h in (literal(left), literal(right)) if h]
+            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+                hits = [h for h in map(literal, right.elts) if h]
+            else:
+                hits = []
+            found.extend((node.lineno, h) for h in hits)
+    return found
