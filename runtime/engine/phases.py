@@ -33,6 +33,7 @@ from draftgraph.graphs import Miss, capabilities, resolve_backend, span, spans_a
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker.phase_key import PhaseKey
 
 from .accept_policy import SAMPLED_ACCEPT
 from .slot_state import StepBatch
@@ -95,10 +96,10 @@ class EnginePhases:
         steps: dict[str, GraphStep] = {}
         for lk in self.tiers:
             if "verify" in self.phases:
-                steps[f"verify@{lk}"] = self._verify_step(n, lk, max_size)
+                steps[PhaseKey("verify", lk).name] = self._verify_step(n, lk, max_size)
             if self.has_extend:
                 step = self.drafter.extend_step(n, width, lk, max_size, self.target.hidden_size, self.target.dtype)
-                steps[f"extend@{lk}"] = step._replace(
+                steps[PhaseKey("extend", lk).name] = step._replace(
                     structure=self.structure("extend", n=n, width=width, lk=lk), constants=self.constants)
         return steps
 
@@ -202,7 +203,7 @@ class EnginePhases:
         inputs = {"tokens": tree.tokens.view(b, n), "positions": tree.positions.view(b, n), "lens": batch.lens,
                   "slots": batch.slots, "tree_mask": tree.tree_mask,
                   **{f: getattr(rows, f) for f, _ in _SAMPLING_FIELDS}}
-        return self.run(state, f"verify@{self.tier(batch, n)}", inputs, eager)
+        return self.run(state, PhaseKey("verify", self.tier(batch, n)).name, inputs, eager)
 
     def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
                alive: torch.Tensor, eager: Any) -> Any:
@@ -218,7 +219,7 @@ class EnginePhases:
         def run_eager() -> None:
             eager()
 
-        return self.run(state, f"extend@{self.tier(batch, width)}", inputs, run_eager)
+        return self.run(state, PhaseKey("extend", self.tier(batch, width)).name, inputs, run_eager)
 
 
 def engine_phases(target: Any, cache: Any, drafter: Any, backend: str, graph_phases: Sequence[str] | None,
