@@ -258,3 +258,22 @@ def name_comparisons(path: Path, names: frozenset[str]) -> list[tuple[int, str]]
                 hits = []
             found.extend((node.lineno, h) for h in hits)
     return found
+
+
+def folder_of(module: str, path: Path) -> str:
+    """The folder (package) ``module`` lives in; a package's ``__init__`` is its own folder's."""
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def folder_graph(mods: dict[str, Path]) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Folder -> each other folder its modules import -> the module edges (importer, imported)
+    that make the folder edge. Every import counts, as in `import_graph`."""
+    graph = import_graph(mods)
+    out: dict[str, dict[str, list[tuple[str, str]]]] = {folder_of(m, p): {} for m, p in mods.items()}
+    for m, deps in graph.items():
+        a = folder_of(m, mods[m])
+        for d in sorted(deps):
+            b = folder_of(d, mods[d])
+            if a != b:
+                out[a].setdefault(b, []).append((m, d))
+    return out
