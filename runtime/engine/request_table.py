@@ -83,7 +83,9 @@ class RequestTable:
     def result(self, rid: int, start: int = 0) -> list[int]:
         """Tokens generated so far for ``rid`` from index ``start`` on (a reader that has the
         first ``start`` copies only the new ones); RequestFailed for a failed request, KeyError
-        for an unknown or taken id."""
+        for an unknown or taken id; ValueError for a ``start`` that is not an int >= 0."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start={start!r}: must be an int >= 0 (tokens already read)")
         with self._lock:
             req = self._finished.get(rid) or self._live.get(rid)
             if req is None:

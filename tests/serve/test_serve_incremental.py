@@ -126,3 +126,19 @@ def test_the_stepping_thread_copies_each_token_once():
         assert bridge.stop(10.0)
     assert tokens == [65] * length
     assert engine.copied < length, engine.copied  # the whole list each step: ~length**2 / 2
+
+
+def test_the_engines_result_hands_out_the_tokens_from_start_and_refuses_a_bad_start():
+    from draftgraph.runtime.engine.request_table import RequestTable
+    from draftgraph.runtime.engine.stats import EngineStats
+
+    table = RequestTable(2, 100, 64, 4, EngineStats())
+    rid = table.add([1, 2], 8)
+    table.begin_step()
+    req = next(table.admissions())
+    req.emit([5, 6, 7], None)
+    table.admitted(req)
+    assert table.result(rid) == [5, 6, 7] and table.result(rid, 2) == [7] and table.result(rid, 3) == []
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match="start="):
+            table.result(rid, bad)
