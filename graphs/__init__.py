@@ -5,7 +5,7 @@ Knows nothing about speculative decoding; ``draftgraph.runtime`` builds on it.
 
 from __future__ import annotations
 
-from .backends import BACKEND_NAMES, resolve_backend
+from .backends import BACKEND_NAMES, Capabilities, capabilities, resolve_backend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
 from .errors import GraphCaptureError, GraphDebugError
 from .manager import MISS_REASONS, GraphCaptureManager, Miss
@@ -34,6 +34,7 @@ from .stats import CaptureRecord, ManagerStats, ReplayCounters, SizeStats, SizeU
 
 __all__ = [
     "BACKEND_NAMES",
+    "Capabilities",
     "CaptureRecord",
     "CapturedGraph",
     "DEFAULT_DEBUG_EVERY",
@@ -52,6 +53,7 @@ __all__ = [
     "SizeStats",
     "SizeUsage",
     "StepOutput",
+    "capabilities",
     "capture_batch_sizes",
     "disable_nvtx",
     "enable_nvtx",

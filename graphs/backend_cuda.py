@@ -137,6 +137,7 @@ class CudaBackend(CompilesNothing):
     name = "cuda"
     captures = True
     records_on_copies = False  # a CUDA graph bakes the addresses it records: capture on the live buffers
+    replays_on_device = True
 
     def __init__(self, rows: int, device: torch.device, share: Any = None) -> None:
         if device.type != "cuda":

@@ -19,6 +19,7 @@ class EagerBackend(CompilesNothing):
     name = "eager"
     captures = False
     records_on_copies = False
+    replays_on_device = False
 
     def warmup(self, fn: FlatStep, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """Run ``fn`` once."""

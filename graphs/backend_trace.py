@@ -276,6 +276,7 @@ class TraceBackend(CompilesNothing):
     name = "trace"
     captures = True
     records_on_copies = True  # capture(..., trace_args=stand-ins): recording beside serving is safe
+    replays_on_device = False  # a Python (FX) replay of host-launched ops
 
     def __init__(self, rows: int) -> None:
         self._rows = rows

@@ -1,11 +1,15 @@
-"""Backend names, ``resolve_backend`` and the ``make_backend`` factory.
+"""The backend registry: names, ``resolve_backend``, what each backend can do (`capabilities`)
+and the ``make_backend`` factory.
 
 The protocol every backend implements lives in ``protocol``; this module only picks and builds
-one, so it imports the backend modules and none of them imports it.
+one, so it imports the backend modules and none of them imports it. It is the one place that
+compares a backend's name: everywhere else the code asks `capabilities` (captures, compiled
+code, device replay, stored code), which each backend class declares (`GraphBackend`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +22,7 @@ from .compile.entry import StoredCode
 from .compile.inductor import compiler_available
 from .protocol import GraphBackend
 
-__all__ = ["BACKEND_NAMES", "backend_class", "make_backend", "resolve_backend"]
+__all__ = ["BACKEND_NAMES", "Capabilities", "backend_class", "capabilities", "make_backend", "resolve_backend"]
 
 BACKEND_NAMES: tuple[str, ...] = ("auto", "cuda", "compile", "trace", "eager")
 """Names ``resolve_backend`` accepts."""
@@ -45,13 +49,35 @@ def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
     return name
 
 
+_CLASSES: dict[str, type[Any]] = {"cuda": CudaBackend, "trace": TraceBackend, "compile": CompileBackend,
+                                  "eager": EagerBackend}
+
+
 def backend_class(name: str) -> type[GraphBackend]:
     """The class of a resolved backend ``name`` (its capabilities, before any instance exists)."""
-    classes: dict[str, type[Any]] = {"cuda": CudaBackend, "trace": TraceBackend, "compile": CompileBackend,
-                                     "eager": EagerBackend}
-    if name not in classes:
+    if name not in _CLASSES:
         raise ValueError(f"backend={name!r}: not a resolved backend name (cuda, compile, trace, eager)")
-    return classes[name]
+    return _CLASSES[name]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a resolved backend does, as its class declares it (`GraphBackend`)."""
+
+    name: str  # the resolved name, for reports only: ask the fields below
+    captures: bool  # records the step per size (False: every step runs eagerly, no graph)
+    compiles_code: bool  # compiles code per size (may compile in another process, foresees compiles)
+    replays_on_device: bool  # replays recorded device work (a CUDA graph: CUDA inputs, its own pool)
+    stores_code: bool  # loads and stores compiled code (the compiled-code store)
+    records_on_copies: bool  # may record over stand-ins of the inputs (beside serving)
+
+
+def capabilities(name: str, device: torch.device | str | None = None) -> Capabilities:
+    """What backend ``name`` does: a resolved name as it is (whether or not it could run here,
+    e.g. a report's "cuda" read on a CPU box), "auto" resolved first (for ``device``)."""
+    cls = backend_class(name if name in _CLASSES else resolve_backend(name, device))
+    return Capabilities(cls.name, cls.captures, cls.compiles_code, cls.replays_on_device, cls.stores_code,
+                        cls.records_on_copies)
 
 
 def make_backend(name: str, rows: int, device: torch.device, auto: bool = False,

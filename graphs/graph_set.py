@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from .backends import backend_class, make_backend
+from .backends import backend_class, capabilities, make_backend
 from .capture_share import CaptureShare
 from .compile.entry import StoredCode
 from .errors import GraphCaptureError
@@ -60,6 +60,7 @@ class GraphSet:
     def __init__(self, backend_name: str, sizes: tuple[int, ...], static: StaticInputs, calls: StepCalls, *,
                  auto: bool, stored: StoredCode | None, share: CaptureShare | None) -> None:
         self.backend_name = backend_name
+        self.captures_graphs = capabilities(backend_name).captures
         self.sizes = sizes
         self._static = static
         self._calls = calls
@@ -92,7 +93,7 @@ class GraphSet:
         docstring); on failure release what this call made and raise GraphCaptureError."""
         if self.captured:
             raise RuntimeError("capture(): already captured; call release() before capturing again")
-        if self.backend_name == "eager":
+        if not self.captures_graphs:
             self.captured = True
             self.captures += 1
             return
@@ -150,7 +151,7 @@ class GraphSet:
                 return
             if self.captured:
                 raise RuntimeError("begin(): already captured; call release() first")
-            if self.backend_name == "eager":
+            if not self.captures_graphs:
                 self.captured = True
                 self.captures += 1
                 return

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .backends import backend_class, resolve_backend
+from .backends import Capabilities, capabilities, resolve_backend
 from .capture_share import CaptureShare
 from .compile.entry import StoredCode
 from .debug import DebugConfig
@@ -113,15 +113,16 @@ class GraphCaptureManager:
         sizes = _check_sizes(capture_sizes)
         self._static = StaticInputs(static_inputs, pad_values, rows=max(sizes, default=0))
         self._backend_name = resolve_backend(backend, device=self._static.device)
-        if not sizes and self._backend_name != "eager":
+        self._can = capabilities(self._backend_name)
+        if not sizes and self._can.captures:
             raise ValueError(f"capture_sizes is empty: backend {self._backend_name!r} needs at least one size")
-        if self._backend_name == "cuda" and any(d.type != "cuda" for d in self._static.devices()):
+        if self._can.replays_on_device and any(d.type != "cuda" for d in self._static.devices()):
             devices = sorted(map(str, self._static.devices()))
-            raise ValueError(f"static_inputs on {devices}: backend 'cuda' needs CUDA tensors")
+            raise ValueError(f"static_inputs on {devices}: backend {self._backend_name!r} needs CUDA tensors")
         if counters is not None and not isinstance(counters, ReplayCounters):
             raise TypeError(f"counters={type(counters).__name__}: must be a ReplayCounters or None")
         self._stored = stored
-        self._table = padding_table(sizes) if self._backend_name != "eager" else ()
+        self._table = padding_table(sizes) if self._can.captures else ()
         self._debug = DebugConfig.resolve(debug, debug_every)
         self._counters = ReplayCounters() if counters is None else counters
         self._calls = StepCalls(step, self._static.names)
@@ -140,11 +141,16 @@ class GraphCaptureManager:
         return self._backend_name
 
     @property
+    def capabilities(self) -> Capabilities:
+        """What the resolved backend does (the code asks these, never `backend_name`)."""
+        return self._can
+
+    @property
     def compiles_elsewhere(self) -> bool:
         """True when this manager's compiles run in a compile process (`StoredCode.compiler`), off
         this process's interpreter lock: only recording and the check run here."""
         stored = self._stored
-        return backend_class(self._backend_name).compiles_code and stored is not None and stored.compiler is not None
+        return self._can.compiles_code and stored is not None and stored.compiler is not None
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
@@ -290,7 +296,7 @@ class GraphCaptureManager:
         plan = self._plans.get(b)
         if plan is not None:
             return plan
-        if self._backend_name == "eager":
+        if not self._can.captures:
             return _MISSES["eager_backend"]
         graphs = self._set
         if not (graphs.captured or graphs.started):
@@ -357,4 +363,4 @@ class GraphCaptureManager:
         plan = self.lookup(b)
         if type(plan) is ReplayPlan:
             return self._runs.replay(plan, self._static.ordered(inputs), clone)
-        return self._runs.eager(inputs, b, fallback=self._backend_name != "eager")
+        return self._runs.eager(inputs, b, fallback=self._can.captures)

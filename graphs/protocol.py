@@ -51,6 +51,8 @@ class GraphBackend(Protocol):
     # stored code (``load``) and foresee its compiles (``compiles_ahead``); a manager asks this,
     # never the backend's name
     compiles_code: bool
+    replays_on_device: bool  # replays recorded device work (a CUDA graph): CUDA inputs, its own pool
+    stores_code: bool  # loads and stores compiled code (the compiled-code store)
 
     @staticmethod
     def expected_compiles(pending: int) -> int:
@@ -80,6 +82,7 @@ class CompilesNothing:
     the compile backend overrides them."""
 
     compiles_code = False
+    stores_code = False
 
     @staticmethod
     def expected_compiles(pending: int) -> int:

@@ -2,8 +2,8 @@
 
 Two things only the command wants, never a library import:
 
-- `HeldSighup`: ``simulate`` and ``generate`` take SIGHUP "from start to exit"; until the
-  CLI's `ProcessReloadSignal.install` takes the signal over (it treats the held count as early
+- `HeldSighup`: ``simulate``, ``generate`` and ``serve`` (`SERVING_COMMANDS`) take SIGHUP "from
+  start to exit"; until the CLI's `ProcessReloadSignal.install` takes the signal over (it treats the held count as early
   signals), a handler that only counts keeps the default action (ending the process) away;
 - the filter of torch's ``Failed to initialize NumPy`` warning: draftgraph does not use NumPy
   (it is not a dependency), so after a plain ``pip install`` every command, ``--help``
@@ -27,7 +27,7 @@ from typing import Any
 
 __all__ = ["NUMPY_NOTICE", "SERVING_COMMANDS", "HeldSighup", "prepare_console"]
 
-SERVING_COMMANDS = ("simulate", "generate")
+SERVING_COMMANDS = ("simulate", "generate", "serve")  # the commands that take SIGHUP from start to exit
 NUMPY_NOTICE = "Failed to initialize NumPy"
 
 
@@ -52,7 +52,7 @@ def _hold_sighup() -> None:
 
 def prepare_console(command_args: Sequence[str]) -> None:
     """The command's set-up for ``command_args`` (the arguments after the program name): the
-    NumPy notice filtered, and SIGHUP held for ``simulate`` and ``generate``."""
+    NumPy notice filtered, and SIGHUP held for the `SERVING_COMMANDS`."""
     warnings.filterwarnings("ignore", message=NUMPY_NOTICE, category=UserWarning)
     if command_args and command_args[0] in SERVING_COMMANDS:
         _hold_sighup()

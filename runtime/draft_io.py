@@ -19,7 +19,7 @@ class DraftInput:
     """Top-k of the last target/draft forward and its hidden states.
 
     EagleDraftWorker: topk_p, topk_index [b, k], hidden_states [b, H] (or the draft model's
-    named rows, a NamedTuple of tensors [b, ...]: `runtime.worker.draft_rows`).
+    named rows, a NamedTuple of tensors [b, ...]: `runtime.topology.draft_rows`).
     MultiLayerEagleDraftWorker (a chain drafted by S layers at once): topk_p, topk_index [b, S].
     """
 

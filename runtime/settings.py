@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from draftgraph.graphs.settings import GraphSettings, cache_root
+from draftgraph.graphs.settings import GraphSettings, cache_root, debug_enabled
 
 __all__ = ["DEFAULT_COMPILED_MAX_BYTES", "DEFAULT_TARGET", "default_target",
            "MAX_COMPILED_CAP_MB", "Settings", "compile_process", "compiled_dir",
@@ -51,8 +51,9 @@ def compile_process() -> bool:
 
 
 def draft_checks() -> bool:
-    """``DRAFTGRAPH_DEBUG`` as the draft checks read it: on for any value but "", "0", "false", "False"."""
-    return os.environ.get("DRAFTGRAPH_DEBUG", "") not in ("", "0", "false", "False")
+    """``DRAFTGRAPH_DEBUG`` for the draft checks: the one parser graphs/ reads it with
+    (`graphs.settings.debug_enabled`), so a value switches both sets of checks alike."""
+    return debug_enabled()
 
 
 def compiled_store_on() -> bool:

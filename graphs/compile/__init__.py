@@ -8,5 +8,15 @@ compile per step), `per_size` (one compile per size), `speed` ("auto"'s timing),
 (`CaptureOutcome`, `CompiledRunner`), `context` (what the routes share), `entry` (the stored
 entry format and keys), `worker` and `pool` (compiling in other processes).
 
-Import from the module that defines a name; this package re-exports nothing.
+The wing's face: the names the rest of draftgraph uses (the backend, its stored code, the
+compile processes, whether inductor can run here), each defined in the module named beside it.
 """
+
+from .backend import CompileBackend
+from .entry import CompiledStore, StoredCode
+from .inductor import compiler_available, inductor_cache_dir
+from .pool import CompilePool
+from .worker import CompileWorker, CompileWorkerDied
+
+__all__ = ["CompileBackend", "CompilePool", "CompileWorker", "CompileWorkerDied", "CompiledStore", "StoredCode",
+           "compiler_available", "inductor_cache_dir"]

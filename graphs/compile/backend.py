@@ -76,6 +76,7 @@ class CompileBackend(TraceBackend):
 
     name = "compile"
     compiles_code = True
+    stores_code = True
 
     def __init__(self, rows: int, compile_fn: Callable[..., Any] | None = None,
                  check_speed: bool = False, store: CompiledStore | None = None,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from draftgraph.graphs import capabilities
+
 __all__ = ["CaptureChoice", "MIN_CORES_BESIDE", "choose_capture", "usable_cores"]
 
 MIN_CORES_BESIDE = 4  # below this many usable cores a CPU engine fills its graphs before serving
@@ -53,12 +55,13 @@ def choose_capture(requested: str, backend: str, cores: int | None = None) -> Ca
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores={cores!r}: must be an int >= 1")
     fill_processes = max(1, min(cores, MAX_FILL_PROCESSES))
-    if backend == "eager":
-        return CaptureChoice("none", "the eager backend captures no graph", cores)
+    can = capabilities(backend)
+    if not can.captures:
+        return CaptureChoice("none", f"the {can.name} backend captures no graph", cores)
     if requested != "auto":
         return CaptureChoice(requested, f"asked for capture={requested!r}", cores,
                              fill_processes if requested == "fill" else 1)
-    if backend == "cuda":
+    if can.replays_on_device:
         return CaptureChoice("background", "CUDA: units run between steps, within a time budget", cores)
     if cores >= MIN_CORES_BESIDE:
         return CaptureChoice("background", f"{cores} usable cores: capture and compile beside serving "

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftgraph.graphs import capture_batch_sizes, record_spans, resolve_backend
+from draftgraph.graphs import capabilities, capture_batch_sizes, record_spans, resolve_backend
 from draftgraph.graphs.compile.inductor import compiler_available, inductor_cache_dir
 from draftgraph.runtime import (
     CudaGraphConfig,
@@ -29,7 +29,7 @@ from draftgraph.runtime import (
     chain_capacity,
     parse_tree_choices,
 )
-from draftgraph.runtime.console import prepare_console
+from draftgraph.runtime.console import SERVING_COMMANDS, prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.settings import read_settings
 
@@ -205,6 +205,7 @@ def _info(ns: argparse.Namespace) -> int:
     from .loading import model_name
 
     args = build_args(ns)
+    backend = resolve_backend(ns.backend)
     out = {"model": model_name(ns.target),
            "speculative": {"num_steps": args.speculative.num_steps, "topk": args.speculative.topk,
                            "num_draft_tokens": args.speculative.num_draft_tokens,
@@ -212,20 +213,18 @@ def _info(ns: argparse.Namespace) -> int:
            "max_running_requests": args.max_running_requests, "decode_max_bs": args.decode.max_bs,
            "capture_sizes": capture_batch_sizes(args.decode, limit=args.max_running_requests),
            "chain_capacity": chain_capacity(args),
-           "backend": ns.backend if ns.backend == "eager" else resolve_backend(ns.backend),
-           "capture": ns.capture, "compile_available": compiler_available(),
-           "capture_choice": choose_capture(ns.capture,
-                                            ns.backend if ns.backend == "eager" else resolve_backend(ns.backend)
-                                            ).as_dict(),
+           "backend": backend, "capture": ns.capture, "compile_available": compiler_available(),
+           "capture_choice": choose_capture(ns.capture, backend).as_dict(),
            "inductor_cache_dir": str(inductor_cache_dir()), "settings": read_settings().as_dict()}
-    if out["backend"] != "eager":
+    captures = capabilities(backend).captures
+    if captures:
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
                                    else ns.graph_phases)
     if args.schedule is not None:  # which state owns which capture sizes (an off band: its phases')
         from .scheduling import band_state_sizes
         grid, phases = out["capture_sizes"], bool(out.get("graph_phases"))
         out["schedule"] = [{"band": b.label(), "steps": list(b.steps),
-                            "capture_sizes": band_state_sizes(grid, b, out["backend"] != "eager", phases)}
+                            "capture_sizes": band_state_sizes(grid, b, captures, phases)}
                            for b in args.schedule.bands]
     print(json.dumps(out, indent=2))
     return 0
@@ -506,7 +505,7 @@ def _ready_text(r: dict[str, Any]) -> str:
     if eta.get("paced_s"):
         text += f"; while serving, one unit per {eta['paced_s']:.0f} s at most"
     text += "); those steps were served eager meanwhile"
-    if r.get("compiled_store") is not None and r.get("backend") == "compile":
+    if r.get("compiled_store") is not None and r.get("backend") and capabilities(r["backend"]).stores_code:
         text += "; each unit compiled is stored, and `--capture blocking` compiles the rest once for later runs"
     return text
 
@@ -575,7 +574,8 @@ def _payoff_rows(payoff: dict | None) -> list[tuple[str, str]]:
 def _eager_text(r: dict[str, Any]) -> str:
     """The eager baseline of the same run, and the loop against it."""
     if r.get("eager_tokens_per_s") is None:
-        return "not measured" if r.get("backend") != "eager" else "this run"
+        eager = r.get("backend") is not None and not capabilities(r["backend"]).captures
+        return "this run" if eager else "not measured"
     return (f"{r['eager_tokens_per_s']:.1f} (the loop: {r['vs_eager']:.2f}x; outputs identical: "
             f"{r['eager_identical']})")
 
@@ -686,10 +686,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     ns = ap.parse_args(argv)
     _quiet_cpu_torch_notices()
-    # simulate and generate take SIGHUP from now (before the models load; the console script
+    # simulate, generate and serve take SIGHUP from now (before the models load; the console script
     # held it since before torch loaded) until the process exits: it is never given back, a late
     # one is logged and ignored
-    serving = ns.cmd in ("simulate", "generate", "serve")
+    serving = ns.cmd in SERVING_COMMANDS
     hup = ProcessReloadSignal(getattr(ns, "reload_config", None), command=ns.cmd).install() if serving else None
     try:
         if ns.cmd == "info":

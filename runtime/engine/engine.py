@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import resolve_backend
+from draftgraph.graphs import capabilities, resolve_backend
 from draftgraph.runtime import RuntimeArgs, SamplingParams
 from draftgraph.runtime.sampling import per_prompt
 from draftgraph.runtime.schedule import SpeculationSchedule
@@ -127,9 +127,9 @@ class SpecDecodeEngine:
         limits.install()
         device = self.cache.k[0].device
         self.capture_choice: CaptureChoice = choose_capture(
-            capture, "eager" if backend == "eager" else resolve_backend(backend, device=device))
+            capture, resolved := resolve_backend(backend, device=device))
         self.capture = capture = self.capture_choice.mode  # "none" on the eager backend
-        background = capture in ("background", "fill") and backend != "eager"
+        background = capture in ("background", "fill") and capabilities(resolved).captures
         if capture == "fill":  # nothing is served meanwhile: a compile process per core
             self.worker.capture.set_compile_processes(self.capture_choice.compile_processes)
             self.worker.capture.queue.max_threads = max(self.worker.capture.queue.max_threads,
@@ -137,7 +137,7 @@ class SpecDecodeEngine:
         self.phases = engine_phases(target, self.cache, self.drafter, backend, graph_phases, kv_tiers)
         if self.phases is not None:
             self.worker.capture.set_phase_provider(self.phases)
-        if backend != "eager":
+        if capabilities(resolved).captures:
             if schedule is None:
                 self.worker.capture_graphs(backend, background=background)
             else:  # the band states capture their own sizes; the active state none
@@ -242,10 +242,10 @@ class SpecDecodeEngine:
         self.seeds.log(rid, sampling, used)
         return rid
 
-    def result(self, rid: int) -> list[int]:
-        """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken);
-        RequestFailed for a failed request, KeyError for an unknown or taken id."""
-        return self.requests.result(rid)
+    def result(self, rid: int, start: int = 0) -> list[int]:
+        """Tokens generated so far for ``rid`` (waiting, running, or ended and not yet taken), from
+        ``start`` on; RequestFailed for a failed request, KeyError for an unknown or taken id."""
+        return self.requests.result(rid, start)
 
     def pop_result(self, rid: int) -> list[int] | None:
         """Take the tokens of ended request ``rid`` (then forgotten); None while it is live;

@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import Miss, resolve_backend, span, spans_active
+from draftgraph.graphs import Miss, capabilities, resolve_backend, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker.phase_key import PhaseKey
 
 from .accept_policy import SAMPLED_ACCEPT
 from .drafting import EagleDrafter, MultiLayerDrafter
@@ -54,7 +55,7 @@ def default_graph_phases(backend: str) -> tuple[str, ...]:
     measured they do not pay (docs/performance.md: "trace" replays the verify at 0.6-0.9x eager
     and "compile" keeps its FX replay, the compiled verify not being bit-equal), while every
     phase costs a capture per size and tier. Ask for them with ``graph_phases``."""
-    return PHASE_NAMES if backend == "cuda" else ()
+    return PHASE_NAMES if capabilities(backend).replays_on_device else ()
 
 
 def default_tiers(cache_len: int) -> tuple[int, ...]:
@@ -98,10 +99,10 @@ class EnginePhases:
         steps: dict[str, GraphStep] = {}
         for lk in self.tiers:
             if "verify" in self.phases:
-                steps[f"verify@{lk}"] = self._verify_step(n, lk, max_size)
+                steps[PhaseKey("verify", lk).name] = self._verify_step(n, lk, max_size)
             if self.has_extend:
                 step = self.drafter.extend_step(n, width, lk, max_size, self.target.hidden_size, self.target.dtype)
-                steps[f"extend@{lk}"] = step._replace(
+                steps[PhaseKey("extend", lk).name] = step._replace(
                     structure=self.structure("extend", n=n, width=width, lk=lk), constants=self.constants)
         return steps
 
@@ -206,7 +207,7 @@ class EnginePhases:
                   "slots": batch.slots, "tree_mask": tree.tree_mask,
                   "temperature": rows.temperature, "top_p": rows.top_p, "top_k": rows.top_k, "min_p": rows.min_p,
                   "seed": rows.seed}
-        return self.run(state, f"verify@{self.tier(batch, n)}", inputs, eager)
+        return self.run(state, PhaseKey("verify", self.tier(batch, n)).name, inputs, eager)
 
     def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
                alive: torch.Tensor, eager: Any) -> Any:
@@ -222,7 +223,7 @@ class EnginePhases:
         def run_eager() -> None:
             eager()
 
-        return self.run(state, f"extend@{self.tier(batch, width)}", inputs, run_eager)
+        return self.run(state, PhaseKey("extend", self.tier(batch, width)).name, inputs, run_eager)
 
 
 def engine_phases(target: DraftTarget, cache: Any, drafter: EagleDrafter | MultiLayerDrafter, backend: str,
@@ -230,7 +231,7 @@ def engine_phases(target: DraftTarget, cache: Any, drafter: EagleDrafter | Multi
     """The verify / extend phases every captured state of an engine holds (None: the eager
     backend, or no phase asked for); ``graph_phases`` None: `default_graph_phases` of the
     backend; ``kv_tiers`` None: `default_tiers` of the cache."""
-    if backend == "eager":
+    if not capabilities(backend, device=cache.k[0].device).captures:
         return None
     if graph_phases is None:
         graph_phases = default_graph_phases(resolve_backend(backend, device=cache.k[0].device))

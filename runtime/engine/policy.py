@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from draftgraph.graphs import capture_batch_sizes
+from draftgraph.graphs import capabilities, capture_batch_sizes
 from draftgraph.runtime import AdaptiveStepController, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker.contract import DraftWorker
@@ -92,9 +92,9 @@ def build_policy(worker: DraftWorker, args: RuntimeArgs, schedule: SpeculationSc
     """The policy for what ``worker`` serves now under ``args``: the schedule's bands when there is
     a schedule, else an adaptive controller over ``adaptive_steps`` (chains and dynamic trees
     whose N fits; a static tree's depth is fixed), else the fixed spec; a 0 among
-    ``adaptive_steps`` puts that policy behind a `PayoffGate`. ``backend`` "eager" captures
-    nothing."""
-    eager = backend == "eager"
+    ``adaptive_steps`` puts that policy behind a `PayoffGate`. A backend that captures nothing
+    (eager) gets no capture sizes."""
+    eager = not capabilities(backend).captures
     if schedule is not None:
         grid = capture_batch_sizes(args.decode, limit=args.max_running_requests) \
             if args.decode.max_bs is not None or args.decode.bs is not None else []

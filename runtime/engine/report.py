@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from draftgraph.graphs import capabilities
 from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.counting import read_consistent
 from draftgraph.runtime.worker.host_phases import phase_totals
@@ -54,7 +55,7 @@ class EngineReport:
 
     def graphs_ready_s(self) -> float | None:
         """Construction until no capture unit is pending (0.0 eager; None while some are)."""
-        if self.backend == "eager":
+        if not capabilities(self.backend).captures:
             return 0.0
         queue = self.worker.capture.queue
         idle = queue.idle_since if queue.pending() == 0 else None
@@ -174,7 +175,7 @@ def _figure(units: int, total_s: float, earlier_s: float | None, longest_s: floa
 
 def _compiles(states: list[Any]) -> bool:
     """True when some state's pending units compile (the store's unit seconds apply)."""
-    return any(s.graphs is not None and s.graphs.pending_sizes and s.graphs.backend_name == "compile"
+    return any(s.graphs is not None and s.graphs.pending_sizes and s.graphs.capabilities.compiles_code
                for s in states)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from draftgraph.runtime.sampling import GREEDY, SamplingParams
 
+from .admission import AdmissionRules
 from .requests import Request, RequestFailed
 from .stats import EngineStats
 
@@ -36,7 +37,7 @@ class InboxFull(RuntimeError):
 
 class RequestTable:
     """Requests of one engine with ``max_slots`` slots (numbered 1..max_slots; slot 0 is the
-    dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts;
+    dummy slot pad rows write to). ``vocab_size`` / ``max_len`` bound what `add` accepts (`rules`);
     ``reserve`` positions of ``max_len`` stay free for the widest verify tree; ``max_inbox``
     adds may wait for the next step boundary (`InboxFull` past it)."""
 
@@ -44,6 +45,7 @@ class RequestTable:
                  max_inbox: int = MAX_INBOX) -> None:
         self.max_slots = max_slots
         self.vocab_size, self.max_len, self.reserve = vocab_size, max_len, reserve
+        self.rules = AdmissionRules(vocab_size, max_len, reserve)  # the routes ask the same object
         self.stats = stats
         self.running: list[Request] = []
         self._next_id = 0
@@ -66,18 +68,7 @@ class RequestTable:
             raise TypeError(f"sampling={sampling!r}: must be a SamplingParams or None")
         if not sampling.greedy and sampling.seed is None:
             raise ValueError(f"sampling={sampling!r}: seed=None, a sampled request's seed must be resolved")
-        v, limit = self.vocab_size, self.max_len
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 1")
-        ids = list(prompt_ids)
-        if not ids:
-            raise ValueError("prompt_ids=[]: a prompt needs at least one token")
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v:
-                raise ValueError(f"prompt_ids[{i}]={t!r}: token ids must be ints in [0, {v})")
-        if len(ids) + max_new_tokens + self.reserve > limit:
-            raise ValueError(f"prompt of {len(ids)} + max_new_tokens={max_new_tokens}: must leave "
-                             f"{self.reserve} positions of max_len={limit} for the verify tree")
+        ids = self.rules.check(prompt_ids, max_new_tokens)
         with self._lock:
             if len(self._inbox) >= self.max_inbox:
                 raise InboxFull(f"{len(self._inbox)} adds wait in the inbox for a step boundary "
@@ -89,15 +80,18 @@ class RequestTable:
             self._inbox.append(req)
         return rid
 
-    def result(self, rid: int) -> list[int]:
-        """Tokens generated so far for ``rid``; RequestFailed for a failed request, KeyError for
-        an unknown or taken id."""
+    def result(self, rid: int, start: int = 0) -> list[int]:
+        """Tokens generated so far for ``rid`` from index ``start`` on (a reader that has the
+        first ``start`` copies only the new ones); RequestFailed for a failed request, KeyError
+        for an unknown or taken id; ValueError for a ``start`` that is not an int >= 0."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start={start!r}: must be an int >= 0 (tokens already read)")
         with self._lock:
             req = self._finished.get(rid) or self._live.get(rid)
             if req is None:
                 raise KeyError(f"request id {rid!r}: unknown (never added, or taken by pop_result)")
         _raise_failed(req)
-        return list(req.output)
+        return req.output[start:]
 
     def pop_result(self, rid: int) -> list[int] | None:
         """Take the tokens of ended request ``rid`` (then forgotten); None while it is live."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from draftgraph.graphs import capabilities
 from draftgraph.runtime import RuntimeArgs, load_runtime_args
 
 from ..models import default_checkpoints, default_models, greedy_generate, sampled_generate
@@ -462,7 +463,7 @@ def _with_baselines(report: dict[str, Any], cfg: SimulationConfig, engine: SpecD
     report["capture_stopped"] = run.capture_stopped
     if reload_signal is not None:
         report["sighup"] = reload_signal.as_dict()
-    if cfg.eager_baseline and cfg.backend != "eager" and rank is None and not interrupted:
+    if cfg.eager_baseline and capabilities(cfg.backend).captures and rank is None and not interrupted:
         report.update(_eager_baseline(cfg, target, draft, prompts[:len(ids)], max_new[:len(ids)],
                                       arrivals[:len(ids)], outs, report["tokens_per_s"], load.eos_id))
     if cfg.greedy and not interrupted:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftgraph.graphs import capabilities
+
 __all__ = ["SUPPORTED_TYPES", "DYNAMIC_ROPE", "check_config", "check_backend", "rope_type"]
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -75,6 +77,6 @@ def check_config(config: Any, max_len: int) -> None:
 def check_backend(config: Any, backend: str) -> None:
     """Refuse dynamic RoPE (frequencies from the longest position seen) under a graph backend."""
     kind = rope_type(config)
-    if backend != "eager" and kind in DYNAMIC_ROPE:
+    if capabilities(backend).captures and kind in DYNAMIC_ROPE:
         raise ValueError(f"{_arch(config)}: rope_type={kind!r} (dynamic RoPE scaling) under backend={backend!r}: "
                          f"a captured graph would keep its capture's frequencies; use backend='eager'")

@@ -39,7 +39,7 @@ FORMATS = ("eagle1", "eagle3")
 
 class DraftRows(NamedTuple):
     """A head's per-row draft state (M rows): what one draft token needs, as named tensors, so
-    that the worker's row re-selection (tree parents) carries all of it (`runtime.worker.draft_rows`).
+    that the worker's row re-selection (tree parents) carries all of it (`runtime.topology.draft_rows`).
     ``position`` is where the row's token sits, ``base`` the request's committed length (the
     draft cache holds positions < base), ``ancestors`` the K/V of the tokens drafted before it in
     this step (exact tree attention). Pad rows (all zeros) read the dummy slot 0."""

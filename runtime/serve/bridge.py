@@ -214,10 +214,10 @@ class EngineBridge:
             elif rid in self._failed:
                 continue
             else:
-                tokens = engine.result(rid)
-                if len(tokens) == len(stream.tokens):
+                new = engine.result(rid, len(stream.tokens))  # only the new ones: no copy of the whole list
+                if not new:
                     continue
-                stream.tokens = tokens
+                stream.tokens.extend(new)
             changed.setdefault(stream.loop, []).append(stream)
         _notify(changed)
 

@@ -70,21 +70,18 @@ def _not_serving(st: ServeState) -> JSONResponse | None:
 
 
 def _prompt_ids(st: ServeState, req: GenerationRequest) -> list[int]:
+    """The request's prompt as ids, refused (`BadRequest` naming the field) by the engine's own
+    admission rules before anything is queued."""
     if req.kind == "chat":
         ids = chat_prompt_ids(st.tokenizer, req.messages)
     elif isinstance(req.prompt, list):
         ids = req.prompt
-        bad = [t for t in ids if not 0 <= t < st.vocab_size]
-        if bad:
-            raise BadRequest("prompt", f"token id {bad[0]}: token ids must be in [0, {st.vocab_size})")
     else:
         ids = encode_prompt(st.tokenizer, req.prompt)
     field = "messages" if req.kind == "chat" else "prompt"
-    if not ids:
-        raise BadRequest(field, "encodes to no token: a prompt needs at least one")
-    if len(ids) + req.max_tokens + st.reserve > st.max_len:
-        raise BadRequest(field, f"{len(ids)} prompt tokens + max_tokens={req.max_tokens} + {st.reserve} positions "
-                                f"for the verify tree: over the cache's {st.max_len} positions per request")
+    why = st.rules.refusal(ids, req.max_tokens, field=field, budget="max_tokens")
+    if why is not None:
+        raise BadRequest(field, why)
     return ids
 
 
@@ -304,8 +301,8 @@ async def health(request: Request) -> Response:
         startup = engine.startup()
         out.update(st.bridge.counts())
         out.update(steps=st.bridge.steps, step_failures=st.bridge.step_failures, backend=engine.backend,
-                   capture=startup.get("capture"), graphs_ready=engine.backend == "eager"
-                   or startup.get("graphs_ready_s") is not None, graphs_ready_s=startup.get("graphs_ready_s"),
+                   capture=startup.get("capture"), graphs_ready_s=startup.get("graphs_ready_s"),
+                   graphs_ready=startup.get("graphs_ready_s") is not None,  # the engine's 0.0 where nothing captures
                    generation=getattr(engine.worker, "generation", None))
     return JSONResponse(out, status_code=200 if st.phase == "serving" else 503)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import uvicorn
 
-from draftgraph.runtime.engine.engine import MAX_VERIFY_WIDTH
 from draftgraph.runtime.engine.metrics import register_engine_metrics
 
 from .admin import admin_warning
@@ -86,8 +85,7 @@ def _build(state: ServeState, factory: EngineFactory, on_engine: Callable[[Any],
         register_engine_metrics(engine, state.registry)
         bridge = EngineBridge(engine, state.config.max_waiting, on_drained=lambda: setattr(server, "should_exit", True))
         bridge.start()
-        cfg = engine.target.cfg
-        state.serving(bridge, tokenizer, cfg.max_len, MAX_VERIFY_WIDTH, cfg.vocab_size)
+        state.serving(bridge, tokenizer, engine.requests.rules)
         if on_engine is not None:
             on_engine(engine)
         gc.collect()

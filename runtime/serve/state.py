@@ -1,5 +1,5 @@
 """`ServeState`: what the routes read: the phase, the bridge once the engine is built, the
-tokenizer and the request limits the cache sets."""
+tokenizer and the engine's admission rules."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+
+from draftgraph.runtime.engine.admission import AdmissionRules
 
 from .bridge import EngineBridge
 from .config import ServeConfig
@@ -28,18 +30,16 @@ class ServeState:
     phase: str = "starting"
     bridge: EngineBridge | None = None
     tokenizer: Any = None
-    max_len: int = 0  # cache positions per request
-    reserve: int = 0  # positions kept free for the widest verify tree
-    vocab_size: int = 0
+    rules: AdmissionRules | None = None  # the engine's own admission rules (no copies of its limits)
     error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     on_exit: Any = None  # called once serving should end (the server's exit flag)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def serving(self, bridge: EngineBridge, tokenizer: Any, max_len: int, reserve: int, vocab_size: int) -> None:
-        """The engine is built: requests are taken from now on (unless a drain began)."""
-        self.bridge, self.tokenizer = bridge, tokenizer
-        self.max_len, self.reserve, self.vocab_size = max_len, reserve, vocab_size
+    def serving(self, bridge: EngineBridge, tokenizer: Any, rules: AdmissionRules) -> None:
+        """The engine is built: requests are taken from now on (unless a drain began), checked
+        by ``rules``, the engine's own (`RequestTable.rules`)."""
+        self.bridge, self.tokenizer, self.rules = bridge, tokenizer, rules
         if self.phase == "starting":
             self.phase = "serving"
         else:  # SIGTERM came while starting

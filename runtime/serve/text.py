@@ -38,9 +38,15 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[
 class TextCursor:
     """The text of one request's tokens, handed out piece by piece.
 
-    `advance(tokens, done)` returns the new text the client may see: the whole decode up to the
-    first stop string to end (then `stopped` is True and nothing more comes), less a tail that could still
-    become a stop string or is a character whose bytes have not all come (unless ``done``)."""
+    `advance(tokens, done)` returns the new text the client may see: the text so far up to the
+    first stop string to end (then `stopped` is True and nothing more comes), less a tail that
+    could still become a stop string or is a character whose bytes have not all come (unless
+    ``done``). ``tokens`` is the request's whole list, grown between calls.
+
+    The decode is incremental (as vLLM's detokenizer): each call decodes only the tokens since
+    the last clean point with the chunk before them as context (a word's leading space or a
+    multi-byte character may need it), and keeps only the text not yet sent plus the stop
+    strings' hold, so the work per token does not grow with the answer's length."""
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
@@ -48,30 +54,55 @@ class TextCursor:
         self.hold = max((len(s) - 1 for s in self.stop), default=0)
         self.sent = 0  # characters handed out
         self.stopped = False
-        self.tokens_used = 0
+        self.decoded_ids = 0  # ids passed to the tokenizer's decode, all calls together
+        self._prefix = 0  # tokens[_prefix:_read]: the context chunk, decoded as _prefix_text
+        self._read = 0  # tokens before this are in the text (they decoded cleanly)
+        self._prefix_text = ""
+        self._base = 0  # the absolute character index where _buf starts
+        self._buf = ""  # the text of tokens[:_read] from _base on
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        self.decoded_ids += len(ids)
+        return decode_text(self.tokenizer, ids)
+
+    def _text_so_far(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` from `_base` on: the clean text kept plus the new tokens'
+        decode in context; the offsets move on when that decode ends cleanly."""
+        if len(tokens) <= self._read:
+            return self._buf
+        new = self._decode(tokens[self._prefix:])[len(self._prefix_text):]
+        if new.endswith(REPLACEMENT):  # bytes of a character still to come: decoded again next time
+            return self._buf + new
+        self._buf += new
+        self._prefix, self._read = self._read, len(tokens)
+        self._prefix_text = self._decode(tokens[self._prefix:self._read])
+        return self._buf
 
     def advance(self, tokens: Sequence[int], done: bool) -> str:
         if self.stopped:
             return ""
-        text = decode_text(self.tokenizer, tokens)
+        text, base = self._text_so_far(tokens), self._base
         cut = self._first_stop(text)
         if cut is not None:
             self.stopped = True
-            out, self.sent = text[self.sent:cut], max(self.sent, cut)
+            cut += base
+            out, self.sent = text[self.sent - base:cut - base], max(self.sent, cut)
             return out
         end = len(text)
         if not done:
-            while end > self.sent and text[end - 1] == REPLACEMENT:
+            while end > self.sent - base and text[end - 1] == REPLACEMENT:
                 end -= 1
-            end = max(self.sent, end - self.hold)
-        out, self.sent = text[self.sent:end], end
+            end = max(self.sent - base, end - self.hold)
+        out, self.sent = text[self.sent - base:end], end + base
+        keep = min(len(self._buf), max(0, self.sent - self.hold - base))  # a stop string may start after
+        self._buf, self._base = self._buf[keep:], base + keep
         return out
 
     def _first_stop(self, text: str) -> int | None:
         """Where the text is cut: before the stop string that ends first in the committed text
         (the longest of those ending there), as a reader given one character at a time would
         cut, so the cut never depends on how many tokens a step committed."""
-        start = max(0, self.sent - self.hold)
+        start = max(0, self.sent - self.hold - self._base)
         best: tuple[int, int] | None = None  # (end, start) of the stop string ending first
         for s in self.stop:
             i = text.find(s, start)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from draftgraph.runtime.worker.draft_rows import DraftRowsLike, map_rows, row_count
+from draftgraph.runtime.topology.draft_rows import DraftRowsLike, map_rows, row_count
 
 __all__ = [
     "fast_topk",
@@ -40,7 +40,7 @@ def select_top_k_tokens(
 ) -> tuple[torch.Tensor, DraftRowsLike | None, torch.Tensor, TreeInfo]:
     """Choose the k beams of draft step ``i``; returns (input_ids, hidden_states, scores, tree_info).
 
-    hidden_states: one tensor [rows, H] or named leaves of leading dim rows (`runtime.worker.draft_rows`:
+    hidden_states: one tensor [rows, H] or named leaves of leading dim rows (`runtime.topology.draft_rows`:
     the same row selection applies to every leaf).
 
     i == 0: topk_p, topk_index [b, k]; input_ids [b*k]; hidden [b*k, H]; scores [b, k];

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from draftgraph.runtime.settings import draft_checks
-from draftgraph.runtime.worker.draft_rows import named_leaves
+from draftgraph.runtime.topology.draft_rows import named_leaves
 
 __all__ = ["debug_checks_enabled", "check_draft_values"]
 

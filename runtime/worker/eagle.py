@@ -6,7 +6,7 @@ call: input validation, state selection, counters and spans.
 
 The per-row draft state (``hidden_states``) is one tensor [b, hidden_size] (SGLang's form), or,
 for a model with ``row_template(rows, device)``, that NamedTuple of named tensors (slot and
-position as int64, not float columns): see `runtime.worker.draft_rows`. The graph step then has one
+position as int64, not float columns): see `runtime.topology.draft_rows`. The graph step then has one
 static input per leaf (``hidden_states_<field>``, pad 0).
 
 Input rules (`EagleDrafting.check_input`, the same for a graph replay, the eager backend and the eager
@@ -35,10 +35,10 @@ from draftgraph.graphs import Miss, span
 from draftgraph.graphs.compile.pool import CompilePool
 from draftgraph.runtime.config import RuntimeArgs
 from draftgraph.runtime.draft_io import DraftResult, unpack_draft_input
+from draftgraph.runtime.topology.draft_rows import leaves
 from draftgraph.runtime.validation import ConfigTypeError
 from draftgraph.runtime.worker.base import EagleDraftWorkerBase
 from draftgraph.runtime.worker.draft_checks import check_draft_values
-from draftgraph.runtime.worker.draft_rows import leaves
 from draftgraph.runtime.worker.eagle_step import EagleDrafting
 from draftgraph.runtime.worker.host_phases import GraphStep
 from draftgraph.runtime.worker.state import RuntimeState

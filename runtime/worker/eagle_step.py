@@ -21,10 +21,10 @@ import torch
 from draftgraph.graphs import span
 from draftgraph.runtime.draft_io import DraftResult
 from draftgraph.runtime.topology.buffers import Selector, TopologyBuffers
+from draftgraph.runtime.topology.draft_rows import DraftRowsLike, RowLayout, map_rows
 from draftgraph.runtime.topology.organize import fast_topk, organize_draft_results, select_top_k_tokens
 from draftgraph.runtime.validation import ConfigTypeError
 from draftgraph.runtime.worker.draft_checks import debug_checks_enabled
-from draftgraph.runtime.worker.draft_rows import DraftRowsLike, RowLayout, map_rows
 from draftgraph.runtime.worker.host_phases import GraphStep
 from draftgraph.runtime.worker.state import RuntimeState
 
@@ -38,7 +38,7 @@ class EagleDrafting:
 
     ``rows`` is hidden [M, H] (the model exposes ``hidden_size``; its dtype is taken from
     ``dtype`` or its parameters), or, for a model with ``row_template(rows, device)``, a
-    NamedTuple of tensors of leading dim M like that template (`runtime.worker.draft_rows`).
+    NamedTuple of tensors of leading dim M like that template (`runtime.topology.draft_rows`).
     """
 
     def __init__(self, draft_model: Any) -> None:

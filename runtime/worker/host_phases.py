@@ -24,6 +24,8 @@ import torch
 from draftgraph.graphs import GraphCaptureManager, Miss, ReplayPlan
 from draftgraph.runtime.config import SpeculativeConfig
 
+from .phase_key import PhaseKey
+
 __all__ = ["GraphStep", "PhaseFigures", "PhaseGraphs", "PhaseProvider", "phase_totals"]
 
 
@@ -136,7 +138,7 @@ class PhaseGraphs:
 
 
 def phase_totals(states: Any) -> dict[str, dict[str, Any]]:
-    """Per phase kind ("verify", "extend": a phase name up to its "@tier"), summed over
+    """Per phase kind ("verify", "extend": `PhaseKey.kind` of each phase's name), summed over
     ``states`` (each a `RuntimeState`): graphs captured, replays, eager steps by reason, capture
     and compile seconds, graph bytes. Counts for the life of the states."""
     out: dict[str, dict[str, Any]] = {}
@@ -145,7 +147,7 @@ def phase_totals(states: Any) -> dict[str, dict[str, Any]]:
         if phases is None:
             continue
         for name, figures in phases.describe().items():
-            kind = name.split("@", 1)[0]
+            kind = PhaseKey.parse(name).kind
             t = out.setdefault(kind, {"graphs": 0, "replays": 0, "eager_steps_by_reason": {}, "capture_s": 0.0,
                                       "compile_s": 0.0, "capture_bytes": 0, "failed": 0})
             t["graphs"] += len(figures["captured_sizes"])

@@ -186,7 +186,7 @@ class StateCapture:
         """Queue ``manager``'s pending sizes: a background thread unless its backend captures at
         step boundaries only (a CUDA capture must not overlap other threads' kernels)."""
         if manager.pending_sizes:
-            self.queue.add(state, manager, background_thread=manager.backend_name != "cuda",
+            self.queue.add(state, manager, background_thread=not manager.capabilities.replays_on_device,
                            paced=not manager.compiles_elsewhere, phase=phase)
 
     # ---- the queue ---------------------------------------------------------------------------

@@ -18,11 +18,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from signal_support import sighup_at_start
 
 from draftgraph.runtime import load_runtime_args
 from draftgraph.runtime.args_file import MAX_ARGS_FILE_BYTES
@@ -283,19 +283,6 @@ def _console() -> Path:
     return script
 
 
-def _sighup_caught(pid: int) -> bool:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
-    return False
-
-
-def _torch_loaded(pid: int) -> bool:
-    with open(f"/proc/{pid}/maps") as f:
-        return "libtorch" in f.read()
-
-
 SIM = ("simulate", "--requests", "2", "--json", "--backend", "eager", "--adaptive", "", "--no-greedy")
 
 
@@ -306,13 +293,7 @@ def test_sighup_while_the_console_script_starts_does_not_kill_it(tmp_path, train
     proc = subprocess.Popen([str(_console()), *SIM, "--reload-config", str(args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60.0
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _sighup_caught(proc.pid) or _torch_loaded(proc.pid):
-                break  # the first moment it could take the signal, or torch started loading
-            time.sleep(0.005)
-        torch_loading = _torch_loaded(proc.pid)
-        proc.send_signal(signal.SIGHUP)
+        torch_loading = sighup_at_start(proc)
         out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()

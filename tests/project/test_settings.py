@@ -50,3 +50,14 @@ def test_info_shows_the_settings(monkeypatch, capsys, tmp_path):
     shown = json.loads(capsys.readouterr().out)["settings"]
     assert shown == settings.read_settings().as_dict()
     assert Path(shown["compiled_dir"]) == tmp_path and "compile_symbolic" in shown["graphs"]
+
+
+@pytest.mark.parametrize("value,on", [("off", False), ("no", False), ("OFF", False), ("0", False), ("", False),
+                                      ("on", True), ("yes", True), ("1", True), ("True", True)])
+def test_debug_has_one_parser_for_graph_and_draft_checks(monkeypatch, value, on):
+    """DRAFTGRAPH_DEBUG=off switches the draft checks off as it does the graph checks (issue 50)."""
+    monkeypatch.setenv("DRAFTGRAPH_DEBUG", value)
+    assert graph_settings.debug_enabled() is on
+    assert settings.draft_checks() is on
+    shown = settings.read_settings()
+    assert shown.draft_checks is on and shown.graphs.debug is on

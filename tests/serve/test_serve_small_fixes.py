@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
+from draftgraph.runtime.engine.admission import AdmissionRules
 from draftgraph.runtime.serve import ServeConfig, ServeState, build_app
 from draftgraph.runtime.serve.admin import prune_profile_dirs, reload_args_from_body
 from draftgraph.runtime.serve.server import DrainingServer
@@ -44,7 +45,7 @@ def test_a_deeply_nested_reload_body_over_http_is_a_400():
             def request_reload(args, policy):
                 return None
 
-    state.serving(Bridge(), None, 64, 4, 100)
+    state.serving(Bridge(), None, AdmissionRules(vocab_size=100, max_len=64, reserve=4))
     app = build_app(state)
 
     async def call() -> httpx.Response:

@@ -232,3 +232,48 @@ def imports_of_test_code(path: Path, test_modules: set[str]) -> set[str]:
     ``test_modules`` (tests/support/ on sys.path makes ``engine_support`` importable by its bare name)."""
     return {m for m in imported_modules(path)
             if m == "tests" or m.startswith("tests.") or m.split(".")[0] in test_modules}
+
+
+def name_comparisons(path: Path, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of each comparison of something with one of ``names`` (a string literal):
+    ``x == "name"``, ``x != "name"``, ``x in ("name", ...)`` (a literal tuple, list or set).
+    A device's type (``d.type == "cuda"``) is not a backend's name and does not count."""
+
+    def literal(node: ast.AST) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and node.value in names else None
+
+    found = []
+    for node in ast.walk(_parse(path)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:]):
+            if any(isinstance(side, ast.Attribute) and side.attr == "type" for side in (left, right)):
+                continue
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                hits = [h for h in (literal(left), literal(right)) if h]
+            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+                hits = [h for h in map(literal, right.elts) if h]
+            else:
+                hits = []
+            found.extend((node.lineno, h) for h in hits)
+    return found
+
+
+def folder_of(module: str, path: Path) -> str:
+    """The folder (package) ``module`` lives in; a package's ``__init__`` is its own folder's."""
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def folder_graph(mods: dict[str, Path]) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Folder -> each other folder its modules import -> the module edges (importer, imported)
+    that make the folder edge. Every import counts, as in `import_graph`."""
+    graph = import_graph(mods)
+    out: dict[str, dict[str, list[tuple[str, str]]]] = {folder_of(m, p): {} for m, p in mods.items()}
+    for m, deps in graph.items():
+        a = folder_of(m, mods[m])
+        for d in sorted(deps):
+            b = folder_of(d, mods[d])
+            if a != b:
+                out[a].setdefault(b, []).append((m, d))
+    return out

@@ -15,7 +15,7 @@ from draftgraph.runtime.draft_io import DraftInput
 from draftgraph.runtime.models.eagle_heads import Eagle1Head
 from draftgraph.runtime.models.hf_eagle import DraftRows, HFEagleHead
 from draftgraph.runtime.models.hf_target import NORMED, HFTarget
-from draftgraph.runtime.worker.draft_rows import RowLayout, leaves, map_rows, row_count
+from draftgraph.runtime.topology.draft_rows import RowLayout, leaves, map_rows, row_count
 from draftgraph.runtime.worker.eagle import EagleDraftWorker
 
 V, D, HEADS, A, SLOTS, MAX_LEN = 64, 32, 2, 4, 9, 64
