@@ -34,8 +34,8 @@ __all__ = [
     "default_tokenizer",
     "greedy_generate",
     "load_models",
-    "make_head",
     "make_draft_input",
+    "make_head",
     "model_cache_dir",
     "sampled_generate",
 ]
