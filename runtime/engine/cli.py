@@ -248,7 +248,7 @@ def _generate(ns: argparse.Namespace) -> int:
     from .simulate import describe_models, wait_with_progress
 
     engine = SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
-                              progress=wait_with_progress, eos_id=eos)
+                              progress=wait_with_progress, eos_id=eos, adaptive_steps=_gate(choice, args))
     start = time.perf_counter()
     out = engine.generate([ids], ns.max_new_tokens, sampling)[0]
     spec_s = time.perf_counter() - start
@@ -304,7 +304,7 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
 
         target, draft, tok = load_text_models(choice, ns.max_len, ns.seed)
         return SpecDecodeEngine(args, target, draft, backend=ns.backend, capture=ns.capture,
-                                eos_id=eos_id_of(tok)), tok
+                                eos_id=eos_id_of(tok), adaptive_steps=_gate(choice, args)), tok
 
     sock = bind_socket(ns.host, ns.port)
     host, port = sock.getsockname()[:2]
@@ -559,6 +559,12 @@ def _identical_row(r: dict[str, Any]) -> tuple[str, Any]:
         return ("identical to greedy (prefixes)", f"{r.get('lossless_prefix')} ({r['outputs_cut']} of "
                                                   f"{r['requests']} outputs cut by --max-loop-steps)")
     return ("identical to greedy", r.get("lossless"))
+
+
+def _gate(choice: Any, args: Any) -> tuple[int, ...] | None:
+    """``generate`` and ``serve`` of a transformers target without a schedule: the fixed spec
+    behind a `PayoffGate` (plain steps while its head does not pay); the toy: the fixed spec."""
+    return (0,) if choice.target is not None and args.schedule is None else None
 
 
 def _payoff_rows(payoff: dict | None) -> list[tuple[str, str]]:
