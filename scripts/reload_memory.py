@@ -4,7 +4,7 @@ a script, for counts the test cannot afford.
 The default models on the trace backend, background capture, adaptive candidates 2/3/4; a
 reload (S cycling 2, 3, 4) requested every ``--every`` steps while the batch is kept full. Every
 ``--sample-every`` reloads, once the capture queue is done and after `gc.collect`: malloc's
-in-use bytes (`memory_support`'s reading, the one the memory tests fit), the RSS and the live
+in-use bytes (glibc's ``mallinfo2``, the reading the memory tests fit), the RSS and the live
 tensors. Prints one line per sample, then the slopes per reload (least squares, over all samples
 and over the second half) and the reload counts (requested, applied, superseded).
 
@@ -14,13 +14,14 @@ and over the second half) and the reload counts (requested, applied, superseded)
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import logging
-import sys
+import statistics
 import time
 import warnings
-from pathlib import Path
 
 import psutil
 import torch
@@ -30,10 +31,30 @@ from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import default_models
 from draftgraph.runtime.models.corpus import held_out_prompts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from memory_support import _live_bytes, slope  # noqa: E402  # the memory tests' own reading
-
 MAX_NEW = 24
+
+
+class _Words(ctypes.Structure):
+    """glibc's ``struct mallinfo2``: ten size_t words (``uordblks`` is the 8th, ``hblkhd`` the 5th)."""
+
+    _fields_ = [("w", ctypes.c_size_t * 10)]
+
+
+def _malloc_in_use() -> float:
+    """malloc's in-use bytes, MiB (what the memory tests fit: live blocks, tensor storage
+    included, whatever the heap freed before); the RSS where glibc has no ``mallinfo2``."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return psutil.Process().memory_info().rss / 2**20
+    fn.restype = _Words
+    w = fn().w
+    return (w[7] + w[4]) / 2**20
+
+
+def slope(ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` against 0, 1, 2, ... (0 for fewer than two points)."""
+    return statistics.linear_regression(range(len(ys)), ys).slope if len(ys) > 1 else 0.0
 
 
 def _args(s: int) -> RuntimeArgs:
@@ -47,7 +68,7 @@ def _sample(engine: SpecDecodeEngine) -> tuple[float, float, int]:
     with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated aliases warns
         warnings.simplefilter("ignore")
         tensors = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
-    return _live_bytes() / 2**20, psutil.Process().memory_info().rss / 2**20, tensors
+    return _malloc_in_use(), psutil.Process().memory_info().rss / 2**20, tensors
 
 
 def main() -> None:
