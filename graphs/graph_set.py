@@ -7,6 +7,12 @@ another thread) publishes one size at a time under a lock that is never held whi
 a concurrent reader of ``graphs`` sees a whole graph or none. `release` bumps an epoch, so a
 capture that began before it discards its graph instead of publishing it.
 
+Every warm-up, recording and load runs under `torch.no_grad`, whatever the calling thread's
+grad mode (a background capture thread starts with grad enabled): a replay never records
+autograd history, and a recording that did kept the step's activations and its parameters'
+saved views alive from C++, never collected (about 5 MB per reload of the default models
+under background capture, 44 tensors per reload of a tiny worker whose weights require grad).
+
 Recording one size is the ``record`` callable the caller passes (the manager's hook, usually
 `GraphSet.record`). The owner reads the public attributes; only this class writes them.
 """
@@ -17,6 +23,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+
+import torch
 
 from .backends import backend_class, capabilities, make_backend
 from .capture_share import CaptureShare
@@ -88,6 +96,7 @@ class GraphSet:
         return make_backend(self.backend_name, self.max_size, self._static.device, auto=self._auto,
                             stored=self._stored, share=self._share)
 
+    @torch.no_grad()
     def capture_all(self, record: Record) -> None:
         """Warm up at the largest size, then capture every size largest first (see the module
         docstring); on failure release what this call made and raise GraphCaptureError."""
@@ -160,6 +169,7 @@ class GraphSet:
             self.captured_ptrs = self._static.data_ptrs()
         backend_class(self.backend_name).prepare_background()  # before any thread compiles
 
+    @torch.no_grad()
     def capture_size(self, size: int, record: Record) -> float:
         """Capture one pending size and publish it; the seconds it took. On failure the size goes
         to ``failed`` and GraphCaptureError (cause chained) propagates."""
@@ -196,6 +206,7 @@ class GraphSet:
                 self.captured = True
                 self.captures += 1
 
+    @torch.no_grad()
     def load_stored(self, record: Record) -> int:
         """Publish every pending size whose compiled code the backend loads from its store; how many."""
         if self._stored is None or not backend_class(self.backend_name).compiles_code:

@@ -1,7 +1,8 @@
 """A soak of `draftgraph serve` (issue 49): what no client may break, for ``--minutes`` (default 10).
 
-One server subprocess (the embedded default models, ``--max-waiting 2000``) on a free loopback
-port, and beside it, all at once:
+One server subprocess (``--target toy``: the embedded byte-level pair, whose greedy answers this
+process computes as the oracle; ``--max-waiting 2000``) on a free loopback port, and beside it,
+all at once:
 
 - churners: clients that send a whole completion (half of them streaming) and hang up 0..40 ms
   later, while it is queued or running;
@@ -44,7 +45,8 @@ from pathlib import Path
 
 import psutil
 
-MODEL = "draftgraph-default"
+TARGET = "toy"  # the oracle decodes the toy pair: the only target the soak can check
+MODEL = "draftgraph-toy"  # the name the server gives --target toy
 PROMPTS = ["Hello there", "The quick brown fox", "Once upon a time", "def main():", "In the beginning",
            "A long time ago", "Dear friend,", "Why is the sky", "Numbers: 1, 2, 3,", "To be or not"]
 MAX_TOKENS = 24
@@ -92,7 +94,8 @@ class Soak:
         self.reload_file.write_text(json.dumps(RELOADS[0]))
         self.log = open(Path(workdir) / "serve.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "draftgraph.runtime", "serve", "--port", str(self.port), "--backend", backend,
+            [sys.executable, "-m", "draftgraph.runtime", "serve", "--target", TARGET, "--port", str(self.port),
+             "--backend", backend,
              "--max-running", "4", "--max-waiting", "2000", "--max-tokens-limit", "64", "--drain-s", "20",
              "--reload-config", str(self.reload_file), "--request-timeout-s", "5", "--keep-alive-s", "5"],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -316,6 +319,8 @@ def misses(out: dict, rss_bound: float) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--target", choices=[TARGET], default=TARGET,
+                    help="the served target: the toy pair, the one the oracle decodes")
     ap.add_argument("--backend", default="eager")
     ap.add_argument("--sample-s", type=float, default=2.0)
     ap.add_argument("--rss-slope-mib-min", type=float, default=2.0)
