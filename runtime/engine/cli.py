@@ -568,13 +568,12 @@ def _gate(choice: Any, args: Any) -> tuple[int, ...] | None:
 
 
 def _payoff_rows(payoff: dict | None) -> list[tuple[str, str]]:
-    """The payoff gate's row (adaptive candidate 0): how many steps were plain."""
+    """The payoff gate's row (adaptive candidate 0): how many steps were plain, per batch band."""
     if not payoff:
         return []
-    rates = [payoff["speculative_tokens_per_s"], payoff["plain_tokens_per_s"]]
-    text = " / ".join("-" if x is None else f"{x:.1f}" for x in rates)
+    bands = ", ".join(f"{k}: {b['speculative_steps']}/{b['plain_steps']}" for k, b in payoff["bands"].items())
     return [("speculative / plain steps", f"{payoff['speculative_steps']} / {payoff['plain_steps']} "
-                                          f"(tokens/s per request lately: {text})")]
+                                          f"(by batch size: {bands})")]
 
 
 def _eager_text(r: dict[str, Any]) -> str:

@@ -80,6 +80,24 @@ def test_the_gate_follows_a_change():
     assert served[100:150].count(0) >= 40 and served[250:].count(3) >= 40
 
 
+def test_each_batch_band_decides_for_itself():
+    """Speculation pays at batch 1 (2 tokens / unit against 1) and not at batch 8 (0.5 against
+    1): the gate speculates at one and decodes plainly at the other, in one interleaved run."""
+    now = [0.0]
+    gate = PayoffGate(Inner(), probe_every=16, clock=lambda: now[0])
+    by_batch: dict[int, list[int]] = {1: [], 8: []}
+    for i in range(400):
+        b = 1 if i % 2 else 8
+        s = gate.begin(b)
+        by_batch[b].append(s)
+        now[0] += (1.5 if b == 1 else 2.0) if s else 1.0
+        if s:
+            gate.observe(2.0 if b == 1 else 0.0)
+    assert by_batch[1][20:].count(3) >= 0.9 * len(by_batch[1][20:])
+    assert by_batch[8][20:].count(0) >= 0.9 * len(by_batch[8][20:])
+    assert set(gate.as_dict()["payoff"]["bands"]) == {"1-1", "8-15"}
+
+
 def test_bad_arguments_are_refused():
     for kw in ({"probe_every": 0}, {"warmup": -1}, {"alpha": 0.0}, {"probe_every": True}):
         with pytest.raises(ValueError, match=next(iter(kw))):
@@ -97,7 +115,8 @@ def test_the_engine_behind_the_gate_still_emits_greedy_tokens():
         engine.close()
     payoff = st["payoff"]
     assert payoff["speculative_steps"] >= 3 and payoff["plain_steps"] >= 3  # both kinds served
-    assert payoff["speculative_tokens_per_s"] > 0 and payoff["plain_tokens_per_s"] > 0
+    assert sum(b["speculative_steps"] + b["plain_steps"] for b in payoff["bands"].values()) == st["verify_steps"]
+    assert any(b["speculative_tokens_per_s"] and b["plain_tokens_per_s"] for b in payoff["bands"].values())
 
 
 def test_a_rank_group_cannot_take_the_clock_driven_choice():
