@@ -264,7 +264,9 @@ def _generate(ns: argparse.Namespace) -> int:
     if sampling is not None:
         print(f"\n-- sampling: temperature {sampling.temperature}, top_p {sampling.top_p}, top_k {sampling.top_k}, "
               f"min_p {sampling.min_p}, seed {sampling.seed} (--seed {sampling.seed} replays it)")
-    print(f"\n-- accept length {st['accept_length_mean']:.2f} tokens/verify, "
+    accepted = f"accept length {st['accept_length_mean']:.2f} tokens/verify" if st["drafts"] else \
+        "no step speculated (plain steps only)"
+    print(f"\n-- {accepted}, "
           f"speedup {greedy_s / spec_s:.2f}x over {plain} ({len(out) / spec_s:.1f} vs "
           f"{len(ref) / greedy_s:.1f} tokens/s), identical to {plain}: {out == ref}")
     models = describe_models(target, draft, source)

@@ -68,6 +68,14 @@ def test_generate_prints_text_and_speedup():
     # the embedded default runs the user's road: a transformers checkpoint and a published head
     assert "-- target: LlamaForCausalLM through transformers from " in p.stdout
     assert "-- draft: EAGLE-3 head (published layout) from " in p.stdout
+    assert "-- accept length " in p.stdout
+
+
+def test_generate_without_speculation_says_so_instead_of_an_acceptance():
+    p = _run("generate", "def main():\n    ", "--max-new-tokens", "8", "--backend", "eager", "--schedule", "1:0")
+    assert p.returncode == 0, p.stderr
+    assert "no step speculated (plain steps only)" in p.stdout and "accept length" not in p.stdout
+    assert "identical to greedy: True" in p.stdout
 
 
 @pytest.mark.slow  # the slow tier: rank processes (~11 s)
