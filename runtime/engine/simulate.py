@@ -165,9 +165,12 @@ def wait_with_progress(engine: SpecDecodeEngine, poll_s: float = 0.25) -> None:
         from tqdm import tqdm
     except ImportError:  # tqdm is a dependency; stay usable without it
         tqdm = None
-    eta = (engine.startup().get("graphs_eta") or {}).get("seconds")
+    estimate = engine.startup().get("graphs_eta") or {}
+    eta = estimate.get("seconds")
     desc = "draftgraph graphs (before serving, once)" if engine.capture == "fill" else "draftgraph graphs"
-    if eta:
+    # a figure from this run's own units only: the store's earlier units may be another model's
+    # (the toy's take seconds where a 30-layer model's take minutes); tqdm shows the time left
+    if eta and estimate.get("basis") == "measured":
         desc += f" ~{eta:.0f} s"
     bar = tqdm(total=total, initial=done, desc=desc, unit="unit", file=sys.stderr,
                dynamic_ncols=True) if tqdm is not None else None
