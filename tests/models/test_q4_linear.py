@@ -1,10 +1,11 @@
 """A target computed from Q4_1 codes (`--weights q4`): the codes come back exactly from a dense
 checkpoint that a Q4_1 dequantization made, the int4 product is the dense product within
 bfloat16's error, other weights are refused, and the engine serving a q4 target equals that q4
-target's own greedy decoding (eager, and with the draft, verify and extend graphs).
+target's own greedy decoding (eager, and with the draft, verify and extend graphs). The same for
+a Q8_0 output layer computed as two int4 halves.
 
-The Q4_1 tensors are made by gguf-py's own quantizer and dequantizer (what llama.cpp's files
-hold), not by the code under test.
+The Q4_1 and Q8_0 tensors are made by gguf-py's own quantizer and dequantizer (what llama.cpp's
+files hold), not by the code under test.
 """
 
 from __future__ import annotations
@@ -24,29 +25,37 @@ from draftgraph.runtime.engine.loading import resolve_models
 from draftgraph.runtime.models.greedy import greedy_generate
 from draftgraph.runtime.models.hf_load import load_target
 from draftgraph.runtime.models.hf_models import load_models
-from draftgraph.runtime.models.q4_linear import Float32Linear, Q4Linear, recover_q4_1
+from draftgraph.runtime.models.q4_linear import Float32Linear, Q4Linear, Q8Linear, recover_q4_1, recover_q8_0
 
 Q4_1 = GGMLQuantizationType.Q4_1
+Q8_0 = GGMLQuantizationType.Q8_0
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 250, 3, 3, 3, 3, 9, 40, 41]]
 MAX_NEW = 12
 
 
+def gguf_round_trip(w: torch.Tensor, kind: GGMLQuantizationType = Q4_1) -> torch.Tensor:
+    """``w`` through gguf-py's quantizer of ``kind`` and back (float32)."""
+    return torch.from_numpy(dequantize(quantize(w.float().numpy().astype(np.float32), kind), kind).copy())
+
+
 def gguf_q4_1(w: torch.Tensor) -> torch.Tensor:
-    """``w`` through gguf-py's Q4_1 quantizer and back (float32)."""
-    return torch.from_numpy(dequantize(quantize(w.float().numpy().astype(np.float32), Q4_1), Q4_1).copy())
+    return gguf_round_trip(w, Q4_1)
 
 
-def save_q4_target(folder: Path, seed: int = 0) -> Path:
-    """A 4-layer tiny Llama whose decoder linears hold Q4_1-dequantized weights (the lm_head and
-    the embeddings stay dense, as a GGUF's Q8_0 / F32 tensors would)."""
+def save_q4_target(folder: Path, seed: int = 0, output_q8: bool = True) -> Path:
+    """A 4-layer tiny Llama whose decoder linears hold Q4_1-dequantized weights and whose lm_head
+    holds Q8_0-dequantized ones (as a GGUF's tensors would; ``output_q8=False``: a dense lm_head)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(target_config("llama", 4))
     with torch.no_grad():
         for name, mod in model.named_modules():
-            if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head"):
-                mod.weight.copy_(gguf_q4_1(mod.weight))
+            if isinstance(mod, torch.nn.Linear):
+                if not name.endswith("lm_head"):
+                    mod.weight.copy_(gguf_q4_1(mod.weight))
+                elif output_q8:
+                    mod.weight.copy_(gguf_round_trip(mod.weight, Q8_0))
     model.save_pretrained(folder)
     return folder
 
@@ -54,7 +63,8 @@ def save_q4_target(folder: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("q4")
-    return {"q4": save_q4_target(root / "q4"), "head": save_head(root / "head", "eagle3", draft_vocab=200)}
+    return {"q4": save_q4_target(root / "q4"), "q4_dense_out": save_q4_target(root / "q4d", output_q8=False),
+            "head": save_head(root / "head", "eagle3", draft_vocab=200)}
 
 
 def test_codes_come_back_exactly_and_the_product_is_close():
@@ -72,6 +82,42 @@ def test_codes_come_back_exactly_and_the_product_is_close():
     err = (got.double() - want).abs().max().item()
     assert err < 0.03 * want.abs().max().item()  # bf16 activations and scales: ~3 significant digits
     assert err > 0  # and it is the int4 kernel's result, not the dense product
+
+
+def test_q8_0_codes_come_back_exactly_and_the_two_halves_are_the_product():
+    w = torch.randn(160, 128) * 0.1
+    w[3, :32] = 0.0  # an all-zero block (scale 0)
+    dense = gguf_round_trip(w, Q8_0)
+    codes, scale = recover_q8_0(dense)
+    assert codes.dtype == torch.int32 and int(codes.min()) >= -127 and int(codes.max()) <= 127
+    assert torch.equal((codes.view(160, 4, 32).float() * scale[..., None]).view(160, 128), dense)
+    layer = Q8Linear(codes, scale)
+    # the halves' weights are bf16(d) * c: a one-hot row reads one column back, each half's weight
+    # rounded to bf16 (c = 16 h + l: an error within 2^-8 of |16 h d| + |l d|, below half a code d)
+    eye = torch.eye(128, dtype=torch.float64)
+    cols = layer(eye).T  # [160, 128]
+    d = scale.bfloat16().double().repeat_interleave(32, 1)
+    high = torch.div(codes, 16, rounding_mode="floor").double()
+    want = codes.double() * d
+    assert ((cols - want).abs() <= 2 ** -8 * (16 * high.abs() + (codes - 16 * high).abs()) * d).all()
+    x = torch.randn(3, 7, 128, dtype=torch.float64)
+    ref = torch.nn.functional.linear(x, dense.double())
+    got = layer(x)
+    assert got.shape == (3, 7, 160) and got.dtype == torch.float64
+    err = (got - ref).abs().max().item()
+    assert 0 < err < 0.02 * ref.abs().max().item()
+    # row-invariant: a row's result does not depend on the rows beside it (the engine's losslessness)
+    flat = x.reshape(21, 128)
+    assert all(torch.equal(layer(flat)[i], layer(flat[i:i + 1])[0]) for i in range(21))
+
+
+def test_weights_that_are_not_q8_0_are_refused():
+    with pytest.raises(ValueError, match="not a Q8_0 tensor"):
+        recover_q8_0(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="not a Q8_0 tensor"):  # Q4_1 values are not Q8_0 ones
+        recover_q8_0(gguf_q4_1(torch.randn(32, 64)))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        recover_q8_0(torch.randn(32, 40))
 
 
 def test_weights_that_are_not_q4_1_are_refused(folders, tmp_path):
@@ -98,8 +144,10 @@ def test_a_q4_target_is_its_own_identity(folders):
     dense = load_target(folders["q4"], "float64", max_len=64)
     q4 = load_target(folders["q4"], "float64", max_len=64, weights="q4")
     assert dense.cfg.weights == "dense" and q4.cfg.weights == "q4" and dense.cfg != q4.cfg  # graph keys differ
-    layers = [m for m in q4.model.modules() if isinstance(m, Q4Linear)]
-    assert len(layers) == 4 * 7 and isinstance(q4.model.lm_head, Float32Linear)
+    layers = [m for m in q4.model.model.modules() if isinstance(m, Q4Linear)]  # the decoder's
+    assert len(layers) == 4 * 7 and isinstance(q4.model.lm_head, Q8Linear)
+    assert isinstance(load_target(folders["q4_dense_out"], "float64", max_len=64, weights="q4").model.lm_head,
+                      Float32Linear)  # an output layer that is not Q8_0 stays dense
     a = greedy_generate(dense, PROMPTS, MAX_NEW)
     b = greedy_generate(q4, PROMPTS, MAX_NEW)
     assert sum(x == y for p, q in zip(a, b) for x, y in zip(p, q)) >= 0.5 * sum(map(len, a))  # the same model, roughly

@@ -84,11 +84,12 @@ def test_the_q4_target_through_the_engine_is_its_own_greedy(smollm2, backend, ph
     codes (a refusal otherwise), the answers stay real text, and the engine equals the q4
     target's own greedy decoding."""
     from draftgraph.runtime.models import greedy_generate
-    from draftgraph.runtime.models.q4_linear import Q4Linear
+    from draftgraph.runtime.models.q4_linear import Q4Linear, Q8Linear
 
     folder, head, tok, prompts, want = smollm2
     target, draft = load_models(folder, head, "float64", max_len=512, weights="q4")
-    assert sum(isinstance(m, Q4Linear) for m in target.model.modules()) == 30 * 7
+    assert sum(isinstance(m, Q4Linear) for m in target.model.model.modules()) == 30 * 7
+    assert isinstance(target.model.lm_head, Q8Linear)  # the file's Q8_0 output, as two int4 halves
     eos = eos_id_of(tok)
     plain = greedy_generate(target, prompts, MAX_NEW, eos)
     assert "Paris" in tok.decode(greedy_generate(target, [encode_prompt(tok, "What is the capital of France?")],
