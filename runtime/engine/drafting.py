@@ -99,6 +99,18 @@ class EagleDrafter:
                                             alive, t, batch.max_len + t)
         state.set_draft(batch.slots, feature, logits)
 
+    @torch.no_grad()
+    def extend_rows(self, state: SlotState, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor,
+                    length: torch.Tensor, lens: torch.Tensor, lk: int) -> None:
+        """The head over held rows (`HeldExtends`): hidden [b, t, d] and tokens [b, t], row j of
+        request i at position lens[i] + j, its first length[i] rows real; attends over ``lk``
+        positions; the draft inputs come from each request's last real row."""
+        b, t = tokens.shape
+        path = torch.arange(t, device=hidden.device)[None].expand(b, t)
+        alive = torch.ones(b, dtype=torch.bool, device=hidden.device)
+        feature, logits = self._extend_rows(hidden, path, tokens, length, lens, slots, alive, t, lk)
+        state.set_draft(slots, feature, logits)
+
     def _extend_rows(self, hidden: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor,
                      lens: torch.Tensor, slots: torch.Tensor, alive: torch.Tensor, t: int, lk: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:

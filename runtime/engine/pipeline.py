@@ -22,6 +22,7 @@ from ..models.greedy import prefill
 from ..models.kv_cache import KVCache
 from .accept_policy import AcceptPolicy, accept_policy
 from .drafting import EagleDrafter, MultiLayerDrafter
+from .held_extends import HeldExtends
 from .model_seam import DraftTarget
 from .phases import EnginePhases
 from .request_table import RequestTable
@@ -46,6 +47,8 @@ class StepPipeline:
         self.slots = slots
         self.eos_id = eos_id
         self.stats = stats
+        # plain steps hold the head's extend until its next draft (`held_extends`)
+        self.held = HeldExtends(slots.seq_len.shape[0]) if isinstance(drafter, EagleDrafter) else None
 
     @torch.no_grad()
     def admit(self, table: RequestTable) -> None:
@@ -72,6 +75,8 @@ class StepPipeline:
                 state.seq_len[req.slot] = req.seq_len
                 state.bonus[req.slot] = bonus
                 req.emit([bonus], self.eos_id)
+                if self.held is not None:
+                    self.held.forget(req.slot)
                 if not req.done:
                     self.drafter.prefill(state, req.slot, req.prompt, bonus, hidden)
                     done.setdefault(key, (req.slot, logits, hidden))  # a running request keeps its slot
@@ -105,6 +110,7 @@ class StepPipeline:
         n = spec.num_draft_tokens if num_steps else 1
         draft = None
         if num_steps:
+            self.release_held(batch)  # before the draft reads the head's context
             with st.timed("draft"):
                 draft = self.drafter.draft(self.slots, batch)
         if spans_active():
@@ -122,11 +128,25 @@ class StepPipeline:
             acc = policy.accept(tree, chosen, spec.num_steps if num_steps else 0, chain=spec.is_chain)
             emitted = self.commit(batch, acc, reqs)
         st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
+        if self.held is not None and not num_steps and state is None:  # an eager extend: held instead
+            with st.timed("extend"):
+                full = self.held.hold(batch.slot_list, batch.len_list, hidden, acc.tokens[:, 0],
+                                      [not r.done for r in reqs])
+                if full:
+                    self.held.release(self.drafter, self.slots, full)
+            return acc
+        self.release_held(batch)  # a graph extend reads the head's cache: the held rows first
         with st.timed("extend"):
             if not all(r.done for r in reqs):
                 alive = torch.tensor([not r.done for r in reqs], device=hidden.device)
                 self.extend(batch, hidden, acc, alive, state)
         return acc
+
+    def release_held(self, batch: StepBatch) -> None:
+        """Extend the rows plain steps held for the batch's slots (`held_extends`), if any."""
+        if self.held is not None and self.held.holding(batch.slot_list):
+            with self.stats.timed("extend"):
+                self.held.release(self.drafter, self.slots, batch.slot_list)
 
     @staticmethod
     def tree(batch: StepBatch, draft: DraftResult | None, spec: Any, n: int) -> VerifyTree:
