@@ -574,8 +574,9 @@ def _payoff_rows(payoff: dict | None) -> list[tuple[str, str]]:
     if not payoff:
         return []
     bands = ", ".join(f"{k}: {b['speculative_steps']}/{b['plain_steps']}" for k, b in payoff["bands"].items())
+    by_s = ", ".join(f"S={s}: {n}" for s, n in payoff.get("steps_by_s", {}).items() if s != "0")
     return [("speculative / plain steps", f"{payoff['speculative_steps']} / {payoff['plain_steps']} "
-                                          f"(by batch size: {bands})")]
+                                          f"(by batch size: {bands}" + (f"; by S: {by_s})" if by_s else ")"))]
 
 
 def _eager_text(r: dict[str, Any]) -> str:

@@ -11,6 +11,14 @@ batch 1 need not at batch 8); in each band the other kind is probed once every
 ``probe_every`` steps, so a head that starts to pay (or a batch at which it pays) wins the steps
 back.
 
+When the inner policy can serve a given S (an `AdaptivePolicy`: ``candidate_steps`` and
+``serve``), the kinds are every candidate S and 0, each measured on its own: the gate serves
+the S that has delivered the most, not the one the acceptance rule would pick. On a CPU a
+verify row costs almost as much as a decode (the int4 products run per row), so the best S for
+a head is often smaller than "expected acceptance + 1"; measured here on SmolLM2 (q4, the
+shipped head, 1 request): S = 1 25.2, S = 2 22.5, S = 4 14.5 tokens per CPU-second against
+22.2 plain. Probes then visit the other kinds in turn.
+
 Tokens never change: every step, plain or speculative, emits the target's own tokens (the
 verify is lossless), so only speed depends on the clock. It is the engine's choice on one
 process: a rank group needs the same step on every rank and keeps its schedule's bands instead.
@@ -26,21 +34,31 @@ from typing import Any
 __all__ = ["PayoffGate"]
 
 
+SPECULATIVE = -1  # the kind "the inner policy's own S" (an inner policy that cannot serve a given S)
+
+
 @dataclass
 class _Band:
-    """One batch-size band's measurements: rate by kind (True: speculative), steps served."""
+    """One batch-size band's measurements: rate and steps served by kind (0: plain, else an S or
+    `SPECULATIVE`), the steps since the last probe and the probe turn."""
 
-    rate: dict[bool, float | None] = field(default_factory=lambda: {True: None, False: None})
-    served: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    kinds: tuple[int, ...]
+    rate: dict[int, float | None] = field(default_factory=dict)
+    served: dict[int, int] = field(default_factory=dict)
     since_probe: int = 0
+    turn: int = 0
+
+    def __post_init__(self) -> None:
+        self.rate = {k: None for k in self.kinds}
+        self.served = {k: 0 for k in self.kinds}
 
 
 class PayoffGate:
     """Wraps ``inner`` (a `StepPolicy`): `begin` returns 0 (a plain step) or the inner policy's S.
 
-    In each band: ``warmup`` speculative steps first (the inner controller settles its S), then
-    ``warmup`` plain ones; afterwards the faster kind by EMA (weight ``alpha``), the other every
-    ``probe_every`` steps."""
+    In each band: ``warmup`` steps of each speculative kind first (the largest S first), then
+    ``warmup`` plain ones; afterwards the fastest kind by EMA (weight ``alpha``), another one
+    (in turn) every ``probe_every`` steps."""
 
     def __init__(self, inner: Any, probe_every: int = 16, alpha: float = 0.25, warmup: int = 3,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -52,9 +70,13 @@ class PayoffGate:
         self.inner = inner
         self.probe_every, self.alpha, self.warmup = probe_every, float(alpha), warmup
         self._clock = clock
+        servable = callable(getattr(inner, "serve", None)) and hasattr(inner, "candidate_steps")
+        # warm-up order: the speculative kinds, largest S first, then plain
+        self.kinds: tuple[int, ...] = (*sorted(inner.candidate_steps, reverse=True), 0) if servable \
+            else (SPECULATIVE, 0)
         self.bands: dict[int, _Band] = {}  # by batch_size.bit_length()
-        self.served = {True: 0, False: 0}
-        self._open: tuple[_Band, bool] | None = None  # the band and kind of the step in flight
+        self.served = {k: 0 for k in self.kinds}
+        self._open: tuple[_Band, int] | None = None  # the band and kind of the step in flight
         self._started = 0.0
         self._accepted = 0.0
 
@@ -62,32 +84,37 @@ class PayoffGate:
         """Fold the step that just ended into its band's rate for its kind."""
         if self._open is None:
             return
-        band, speculative = self._open
-        r = ((1.0 + self._accepted) if speculative else 1.0) / max(now - self._started, 1e-9)
-        old = band.rate[speculative]
-        band.rate[speculative] = r if old is None else self.alpha * r + (1.0 - self.alpha) * old
+        band, kind = self._open
+        r = ((1.0 + self._accepted) if kind else 1.0) / max(now - self._started, 1e-9)
+        old = band.rate[kind]
+        band.rate[kind] = r if old is None else self.alpha * r + (1.0 - self.alpha) * old
 
-    def _choose(self, band: _Band) -> bool:
-        if band.served[True] < self.warmup:
-            return True
-        if band.served[False] < self.warmup:
-            return False
-        spec, plain = band.rate[True], band.rate[False]
-        best = spec is not None and plain is not None and spec >= plain
-        if band.since_probe >= self.probe_every:  # a probe of the other kind
+    def _choose(self, band: _Band) -> int:
+        for kind in self.kinds:
+            if band.served[kind] < self.warmup:
+                return kind
+        best = max(self.kinds, key=lambda k: band.rate[k] or 0.0)
+        if band.since_probe >= self.probe_every:  # a probe of another kind, in turn
             band.since_probe = 0
-            return not best
+            others = [k for k in self.kinds if k != best]
+            band.turn = (band.turn + 1) % len(others)
+            return others[band.turn]
         band.since_probe += 1
         return best
 
     def begin(self, batch_size: int) -> int:
         self._close(self._clock())
-        band = self.bands.setdefault(max(int(batch_size), 1).bit_length(), _Band())
-        speculate = self._choose(band)
-        band.served[speculate] += 1
-        self.served[speculate] += 1
-        self._open, self._started, self._accepted = (band, speculate), self._clock(), 0.0
-        return self.inner.begin(batch_size) if speculate else 0
+        band = self.bands.setdefault(max(int(batch_size), 1).bit_length(), _Band(self.kinds))
+        kind = self._choose(band)
+        band.served[kind] += 1
+        self.served[kind] += 1
+        self._open, self._started, self._accepted = (band, kind), self._clock(), 0.0
+        if kind == 0:
+            return 0
+        if kind == SPECULATIVE:
+            return self.inner.begin(batch_size)
+        self.inner.serve(kind)
+        return kind
 
     def observe(self, accepted: float) -> None:
         self._accepted = float(accepted)
@@ -100,10 +127,20 @@ class PayoffGate:
         self.inner.release()
 
     def as_dict(self) -> dict[str, Any]:
+        """The inner policy's figures and ``payoff``: steps by kind (``steps_by_s``, the
+        speculative kinds summed), and per band the steps and rates (the best speculative
+        kind's as ``speculative_tokens_per_s``)."""
+        def spec(d: dict[int, Any], pick: Any) -> Any:
+            values = [v for k, v in d.items() if k and v is not None]
+            return pick(values) if values else None
+
         out = dict(self.inner.as_dict())
-        bands = {f"{1 << (k - 1)}-{(1 << k) - 1}": {"speculative_steps": b.served[True], "plain_steps": b.served[False],
-                                                    "speculative_tokens_per_s": b.rate[True],
-                                                    "plain_tokens_per_s": b.rate[False]}
-                 for k, b in sorted(self.bands.items())}
-        out["payoff"] = {"speculative_steps": self.served[True], "plain_steps": self.served[False], "bands": bands}
+        bands = {f"{1 << (k - 1)}-{(1 << k) - 1}": {
+            "speculative_steps": spec(b.served, sum) or 0, "plain_steps": b.served[0],
+            "speculative_tokens_per_s": spec(b.rate, max), "plain_tokens_per_s": b.rate[0],
+            "tokens_per_s_by_s": {str(k): v for k, v in b.rate.items() if k != SPECULATIVE}}
+            for k, b in sorted(self.bands.items())}
+        out["payoff"] = {"speculative_steps": spec(self.served, sum) or 0, "plain_steps": self.served[0],
+                         "steps_by_s": {str(k): v for k, v in self.served.items() if k != SPECULATIVE},
+                         "bands": bands}
         return out

@@ -69,12 +69,25 @@ class AdaptivePolicy:
 
     def __init__(self, controller: AdaptiveStepController) -> None:
         self.controller = controller
+        self.driven = False  # True once a `PayoffGate` serves its own S: observations only feed the average
+
+    @property
+    def candidate_steps(self) -> tuple[int, ...]:
+        return self.controller.candidate_steps
+
+    def serve(self, s: int) -> int:
+        """Serve candidate ``s`` from now on (the gate's measured choice, not the rule's)."""
+        self.driven = True
+        return self.controller.serve(s)
 
     def begin(self, batch_size: int) -> int:
         return self.controller.worker.spec.num_steps
 
     def observe(self, accepted: float) -> None:
-        self.controller.step(accepted)
+        if self.driven:
+            self.controller.observe(accepted)
+        else:
+            self.controller.step(accepted)
 
     def states(self) -> list[Any]:
         return list(self.controller.states.values())

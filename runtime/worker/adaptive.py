@@ -112,12 +112,20 @@ class AdaptiveStepController:
         """Observe (if given), pick S and make its state active; returns the S now served."""
         if accepted_tokens is not None:
             self.observe(accepted_tokens)
-        if self._generation != self.worker.generation:
-            logger.info("worker was reloaded: rebuilding %d candidate states", len(self._candidates))
-            self._build()
         s = self.choose()
         if self.coordinator is not None:
             s = self.coordinator.shared_choice(s, initial=self._candidates[-1][0])
+        return self.serve(s)
+
+    def serve(self, s: int) -> int:
+        """Make candidate ``s``'s state active (rebuilding the states after a reload) and count
+        it; returns ``s``. `step` serves the rule's pick; a caller that measures what each S
+        delivers (`PayoffGate`) serves its own. ValueError for an S that is not a candidate."""
+        if s not in self.candidate_steps:
+            raise ValueError(f"s={s!r}: not one of the candidate step counts {list(self.candidate_steps)}")
+        if self._generation != self.worker.generation:
+            logger.info("worker was reloaded: rebuilding %d candidate states", len(self._candidates))
+            self._build()
         target = self._states[s]
         if self.worker.state is not target:
             with span("adaptive_switch", num_steps=s):

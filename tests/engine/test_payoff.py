@@ -128,3 +128,60 @@ def test_a_rank_group_cannot_take_the_clock_driven_choice():
                          coordinator=object())
     finally:
         engine.close()
+
+
+class Servable(Inner):
+    """An inner policy that serves the S it is told (as `AdaptivePolicy` does), recording it."""
+
+    candidate_steps = (1, 2, 3, 4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[int] = []
+
+    def serve(self, s: int) -> int:
+        self.told.append(s)
+        return s
+
+
+def test_the_gate_measures_each_step_count_and_serves_the_best():
+    """A verify row costs 0.3 of a decode and the head accepts each next draft with p = 0.5: per
+    unit of time S = 1 delivers 1.15 tokens, S = 2 1.09, S = 3 0.99, S = 4 0.88, plain 1. The
+    acceptance rule (S >= expected + 1) would pick 2; the gate serves 1, and probes the rest."""
+    now = [0.0]
+    inner = Servable()
+    gate = PayoffGate(inner, probe_every=16, clock=lambda: now[0])
+    served = []
+    for _ in range(400):
+        s = gate.begin(1)
+        served.append(s)
+        now[0] += 1.0 + 0.3 * s
+        if s:
+            gate.observe(sum(0.5 ** k for k in range(1, s + 1)))
+    assert served[:12] == [4, 4, 4, 3, 3, 3, 2, 2, 2, 1, 1, 1] and served[12:15] == [0, 0, 0]  # warm-up
+    late = served[40:]
+    assert late.count(1) >= 0.85 * len(late)
+    assert all(late.count(k) >= 1 for k in (0, 2, 3, 4))  # every other kind probed in turn
+    assert inner.told == [s for s in served if s]  # each speculative step served through the inner policy
+    payoff = gate.as_dict()["payoff"]
+    assert payoff["steps_by_s"]["1"] == served.count(1) and payoff["plain_steps"] == served.count(0)
+    rates = payoff["bands"]["1-1"]["tokens_per_s_by_s"]
+    assert max(rates, key=lambda k: rates[k]) == "1"
+
+
+def test_the_engine_serves_the_gates_measured_step_count():
+    """The real `AdaptivePolicy` behind the gate: every kind is served (the engine's steps say
+    which S ran), and the tokens are greedy's."""
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), running=6), target, head, backend="eager",
+                              adaptive_steps=(0, 1, 2, 3))
+    try:
+        assert engine.generate([list(p) for p in prompts()], MAX_NEW) == reference()
+        st = engine.stats()
+        with pytest.raises(ValueError, match="s=5: not one of the candidate step counts"):
+            engine.policy.inner.serve(5)
+    finally:
+        engine.close()
+    by_s = st["payoff"]["steps_by_s"]
+    assert set(by_s) == {"0", "1", "2", "3"} and all(n >= 3 for n in by_s.values())  # warm-up of each
+    assert st["steps_per_state"] == {s: by_s[str(s)] for s in (1, 2, 3)}
