@@ -106,3 +106,32 @@ def test_hold_and_release_by_slot():
 def test_a_bad_cap_is_refused(cap):
     with pytest.raises(ValueError, match=f"cap={cap!r}: rows held per slot must be an int >= 1"):
         HeldExtends(2, cap=cap)
+
+
+def test_held_rows_meet_the_phase_graphs():
+    """Behind the payoff gate with the verify / extend graphs: a plain step under a drafting state
+    holds its rows (its extend would be eager), and they are released (before a draft, or before
+    a target-only state's extend graph reads the head's cache); every output stays greedy's."""
+    from engine_support import models
+
+    from draftgraph.runtime.engine import SpecDecodeEngine
+
+    target, head = models("eagle")
+    engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(1, 2, 4), running=4), target, head,
+                              backend="trace", capture="blocking", graph_phases=("verify", "extend"),
+                              kv_tiers=(512,), adaptive_steps=(0, 2, 3))
+    released = []
+    real = engine.pipeline.held.release
+
+    def spy(drafter, state, slots):
+        n = real(drafter, state, slots)
+        released.append(n)
+        return n
+
+    engine.pipeline.held.release = spy
+    try:
+        out = engine.generate([list(p) for p in prompts()[:8]], 24)
+        assert out == [w[:24] for w in reference()[:8]]
+        assert sum(released) > 0
+    finally:
+        engine.close()
