@@ -121,9 +121,6 @@ class SpecDecodeEngine:
         limits.check_spec(args)
         if schedule is not None:
             limits.check_schedule(args)
-        # one way in: every reload of this worker (ours, its own request_reload, a signal
-        # handler's) is taken at our step boundary and checked against our limits when asked
-        self.worker.reloads.attach_host("a SpecDecodeEngine")
         limits.install()
         device = self.cache.k[0].device
         self.capture_choice: CaptureChoice = choose_capture(
@@ -213,8 +210,7 @@ class SpecDecodeEngine:
         handler); a newer request supersedes one not yet applied (counted and logged). The
         worker's own `request_reload` (e.g. `install_reload_signal(engine.worker, ...)`) is
         the same way in."""
-        self.worker.reloads.check(new_args, policy)
-        self.boundary.request_reload(new_args, policy)
+        self.worker.reloads.request(new_args, policy)  # checked there, held by our boundary
 
     def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
         """Refit the draft: check every tensor of ``state_dict`` now (keys, shapes, dtypes,

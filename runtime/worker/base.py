@@ -6,7 +6,8 @@ a step never sees a half-built state, and a state's graphs only ever read or ret
 buffers that state owns.
 
 The worker holds three collaborators, each with its own small interface: ``reloads``
-(`Reloads`: request, prepare, commit, the reload log), ``capture`` (`StateCapture`: building and
+(`Reloads`: request, prepare, commit, the reload log; given the slot, the budget, the capture
+and the worker's `StateFactory` as objects), ``capture`` (`StateCapture`: building and
 capturing a state's graphs, the capture queue, the compile processes, the host's phases) and
 ``budget`` (`StateBudget`: the memory limit per state). What a host engine may use of a worker
 is written in `runtime.worker.contract.DraftWorker`.
@@ -58,8 +59,7 @@ class EagleDraftWorkerBase:
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
         self.capture = StateCapture(self.slot, self._draft_graph_step if self._captures_graphs else None,
                                   self._stored_code)
-        self.reloads = Reloads(self.slot, self._check_args, self._check_memory, self._build_state,
-                               lambda: self.capture.backend)
+        self.reloads = Reloads(self.slot, _WorkerStates(self), self.budget, self.capture)
 
     # ---- configuration views -------------------------------------------------------------
     @property
@@ -120,14 +120,15 @@ class EagleDraftWorkerBase:
 
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
                    args: RuntimeArgs | None = None, generation: int | None = None,
-                   target_only: bool = False) -> RuntimeState:
+                   target_only: bool = False, budget_checked: bool = False) -> RuntimeState:
         """A complete state for ``spec`` with its buffers, counted in this worker's figures;
         graphs are captured separately. Every state is built here, after the memory check
         (`StateBudget.check_state`): ValueError, nothing allocated, when it is over the budget.
         ``target_only``: a plain target step's state (no draft graphs, no topology buffers, so
-        the draft state's budget does not apply)."""
+        the draft state's budget does not apply); ``budget_checked``: a reload's, checked when
+        requested (`Reloads.check`)."""
         args = args or self.slot.args
-        if not target_only:
+        if not (target_only or budget_checked):
             rows = None
             if capture_bs is not None:
                 sizes = _capture_sizes(capture_bs, args)
@@ -139,20 +140,6 @@ class EagleDraftWorkerBase:
         state.generation = self.slot.generation if generation is None else generation
         self._ledger.track(state)
         return state
-
-    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None,
-                     background: bool = False) -> RuntimeState:
-        """`Reloads`' hook: the state for ``args`` at ``generation``, captured when ``backend``
-        is given (``background``: queued, see `capture_graphs`)."""
-        state = self._new_state(args.speculative, None, args=args, generation=generation)
-        if backend is not None:
-            self.capture.build(state, backend, background)
-        return state
-
-    def _check_memory(self, args: RuntimeArgs) -> None:
-        """`Reloads`' memory check, so an over-budget reload is refused when requested, before
-        anything (release_first: the old graphs) changes."""
-        self.budget.check_state(args, args.speculative)
 
     def _spec_for(self, num_steps: int, num_draft_tokens: int | None, topk: int | None = None,
                   tree_choices: Any = None) -> SpeculativeConfig:
@@ -243,6 +230,22 @@ class EagleDraftWorkerBase:
         """Validate now, reload at the start of the next step: the worker's own, or its host's
         step boundary (safe from signal handlers; `Reloads.request`)."""
         self.reloads.request(new_args, policy)
+
+
+class _WorkerStates:
+    """The `StateFactory` a worker gives its `Reloads`: its args rules and its new states."""
+
+    def __init__(self, worker: EagleDraftWorkerBase) -> None:
+        self._worker = worker
+
+    def check_args(self, args: RuntimeArgs) -> None:
+        """The worker's own rules."""
+        self._worker._check_args(args)  # noqa: SLF001  # this module's own hook
+
+    def new_state(self, args: RuntimeArgs, generation: int) -> RuntimeState:
+        """A reload's state (no graphs yet; its budget was checked when requested)."""
+        return self._worker._new_state(args.speculative, None, args=args, generation=generation,  # noqa: SLF001
+                                       budget_checked=True)
 
 
 def _capture_sizes(capture_bs: Sequence[int] | None, args: RuntimeArgs) -> tuple[int, ...]:
