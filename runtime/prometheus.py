@@ -257,8 +257,9 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_reloads", {**labels, "result": "failed"}, c.failed_reloads)
     log = getattr(getattr(worker, "reloads", None), "log", None)
     if log is not None:
-        add("draftgraph_reloads", {**labels, "result": "superseded"}, log.superseded)
-        add("draftgraph_reload_requests", labels, log.requested)
+        totals = log.totals()
+        add("draftgraph_reloads", {**labels, "result": "superseded"}, totals["superseded"])
+        add("draftgraph_reload_requests", labels, totals["requested"])
     active = worker.state
     add("draftgraph_generation", labels, worker.generation)
     plain = getattr(active, "target_only", False)  # a plain target step's state: S = 0, width 1

@@ -67,7 +67,7 @@ def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
             return build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, s, n,
                               validate=False, layout=buf.layout)
     else:
-        lists = worker.drafting._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
+        lists = worker.drafting.tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
 
         def run() -> Any:
             parents, indices, tokens = organize_draft_results(*lists, n)

@@ -30,7 +30,6 @@ from draftgraph.graphs import capabilities, resolve_backend
 from draftgraph.runtime import RuntimeArgs, SamplingParams
 from draftgraph.runtime.sampling import per_prompt
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.capture_queue import MAX_THREADS
 from draftgraph.runtime.worker.contract import DraftWorker
 from draftgraph.runtime.worker.weights import WeightRefit
 
@@ -129,8 +128,6 @@ class SpecDecodeEngine:
         background = capture in ("background", "fill") and capabilities(resolved).captures
         if capture == "fill":  # nothing is served meanwhile: a compile process per core
             self.worker.capture.set_compile_processes(self.capture_choice.compile_processes)
-            self.worker.capture.queue.max_threads = max(self.worker.capture.queue.max_threads,
-                                                        self.capture_choice.compile_processes)
         self.phases = engine_phases(target, self.cache, self.drafter, backend, graph_phases, kv_tiers)
         if self.phases is not None:
             self.worker.capture.set_phase_provider(self.phases)
@@ -138,7 +135,7 @@ class SpecDecodeEngine:
             if schedule is None:
                 self.worker.capture_graphs(backend, background=background)
             else:  # the band states capture their own sizes; the active state none
-                self.worker.capture.backend = backend
+                self.worker.capture.use_backend(backend)
         # the eagle worker refits its model; the multi-layer draft is refitted here
         weights = self.worker.weights if self.worker.weights is not None else WeightRefit(draft)
         self._counts = EngineStats()
@@ -166,8 +163,7 @@ class SpecDecodeEngine:
                 progress(self)
             self.worker.capture.wait()
         finally:
-            self.worker.capture.set_compile_processes(1)
-            self.worker.capture.queue.max_threads = MAX_THREADS
+            self.worker.capture.set_compile_processes(1)  # and the queue's threads back to MAX_THREADS
 
     # ---- what the engine serves ---------------------------------------------------------------
     @property

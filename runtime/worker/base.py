@@ -156,7 +156,7 @@ class EagleDraftWorkerBase:
         ``capture.run_pending``; a step whose size is not ready yet runs eager. See
         `StateCapture.ready`, `StateCapture.wait`."""
         with self.slot.lock:
-            self.capture.backend = backend  # the worker's: later reloads capture with it
+            self.capture.use_backend(backend)  # the worker's: later reloads capture with it
             return self.capture.build(self.slot.active, backend, background)
 
     @contextmanager

@@ -25,7 +25,7 @@ from draftgraph.graphs.backends import backend_class
 from draftgraph.graphs.compile.inductor import inductor_cache_dir
 from draftgraph.graphs.compile.pool import CompilePool
 from draftgraph.runtime.settings import compile_process
-from draftgraph.runtime.worker.capture_queue import CaptureQueue
+from draftgraph.runtime.worker.capture_queue import MAX_THREADS, CaptureQueue
 from draftgraph.runtime.worker.host_phases import GraphStep, PhaseGraphs, PhaseProvider
 from draftgraph.runtime.worker.state import RuntimeState
 from draftgraph.runtime.worker.state_slot import StateSlot
@@ -236,8 +236,15 @@ class StateCapture:
 
     def set_compile_processes(self, n: int) -> None:
         """Compile in up to ``n`` processes at once (an int >= 1; default 1): more only while
-        nothing is served beside them (a fill before serving), since each takes a core."""
+        nothing is served beside them (a fill before serving), since each takes a core. The
+        queue runs as many background threads as processes (at least `MAX_THREADS`)."""
         self.compile_process.set_size(n)
+        self.queue.max_threads = max(MAX_THREADS, n)
+
+    def use_backend(self, backend: str) -> None:
+        """The backend later reloads capture with (a host whose own states capture: a
+        schedule's bands), without capturing anything now."""
+        self.backend = backend
 
     def _close_compile_processes(self) -> None:
         if self._compile_process is not None:
