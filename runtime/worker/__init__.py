@@ -11,6 +11,7 @@ from .contract import DraftWorker
 from .counting import read_consistent
 from .eagle import EagleDraftWorker
 from .host_phases import GraphStep, phase_totals
+from .kind import WorkerKind
 from .multi_layer import MultiLayerEagleDraftWorker
 from .phase_key import PhaseKey
 from .reload import RELOAD_POLICIES, ReloadError
@@ -20,5 +21,5 @@ from .weights import StaleWeightsError, WeightRefit
 
 __all__ = ["AdaptiveStepController", "DraftCounters", "DraftWorker", "EAGER_REASONS", "EagleDraftWorker",
            "EagleDraftWorkerBase", "GraphStep", "MultiLayerEagleDraftWorker", "PhaseKey", "RELOAD_POLICIES",
-           "ReloadError", "RuntimeState", "StaleWeightsError", "StateStats", "WeightRefit", "compiled_unit_seconds",
-           "phase_totals", "read_consistent", "source_counts"]
+           "ReloadError", "RuntimeState", "StaleWeightsError", "StateStats", "WeightRefit", "WorkerKind",
+           "compiled_unit_seconds", "phase_totals", "read_consistent", "source_counts"]

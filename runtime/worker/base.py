@@ -27,6 +27,7 @@ from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
 from draftgraph.runtime.worker.budget import StateBudget
 from draftgraph.runtime.worker.counting import CounterLedger
 from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker.kind import WorkerKind
 from draftgraph.runtime.worker.reload import Reloads
 from draftgraph.runtime.worker.state import DraftCounters, RuntimeState
 from draftgraph.runtime.worker.state_capture import StateCapture
@@ -40,24 +41,27 @@ class EagleDraftWorkerBase:
     """Holds the state slot (args, active state, generation, pending reload), the topology
     buffer cache, the counts and the collaborators of the module docstring.
 
-    Subclasses provide ``draft_forward`` and, when they capture a draft step,
-    ``_draft_graph_step(state, max_size)`` (a `GraphStep`).
+    Subclasses provide ``draft_forward`` and give their `WorkerKind` (``kind``: args rules,
+    row bytes, the capturable step, stored code) to this constructor.
     """
 
-    _captures_graphs = True
     weights: WeightRefit | None = None  # in-place draft-weight updates (None: not supported)
 
-    def __init__(self, args: RuntimeArgs) -> None:
+    def __init__(self, args: RuntimeArgs, kind: WorkerKind) -> None:
         if not isinstance(args, RuntimeArgs):
             raise ConfigTypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
+        for member in ("captures_graphs", "check_args", "row_input_bytes", "graph_step", "stored_code"):
+            if not hasattr(kind, member):
+                raise ConfigTypeError(f"kind={type(kind).__name__}: needs {member} (a WorkerKind)")
+        self._kind = kind
         self._token = object()  # identifies this worker's states (an id() could be reused)
         self._topology_cache = TopologyBufferCache()  # every static topology; the chain is one
         self._ledger = CounterLedger()
-        self._check_args(args)
+        kind.check_args(args)
         # the operator's limit: a reload only lowers it
-        self.budget = StateBudget(args.max_state_bytes, self._row_input_bytes(), self._captures_graphs)
+        self.budget = StateBudget(args.max_state_bytes, kind.row_input_bytes(), kind.captures_graphs)
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
-        self.capture = StateCapture(self.slot, self._draft_graph_step if self._captures_graphs else None,
+        self.capture = StateCapture(self.slot, self._graph_step if kind.captures_graphs else None,
                                   self._stored_code)
         self.reloads = Reloads(self.slot, _WorkerStates(self), self.budget, self.capture)
 
@@ -93,22 +97,12 @@ class EagleDraftWorkerBase:
         """Every state of this worker not garbage collected yet (metrics read their figures)."""
         return self._ledger.live_states()
 
-    # ---- hooks -------------------------------------------------------------------------------
-    def _check_args(self, args: RuntimeArgs) -> None:
-        """Subclass hook: reject args this worker cannot serve."""
-
-    def _row_input_bytes(self) -> int:
-        """Bytes per row of the static graph inputs besides topk_p / topk_index (subclass hook)."""
-        return 0
-
-    def _draft_graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
-        """The capturable draft step of ``state`` (subclass hook of a worker that captures one)."""
-        raise NotImplementedError
+    # ---- the kind's step, with the args served now ------------------------------------------
+    def _graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
+        return self._kind.graph_step(state, max_size, self.slot.args)
 
     def _stored_code(self, state: RuntimeState, compiler: CompilePool | None) -> Any:
-        """Where ``state``'s compiled steps are stored and loaded from (`StoredCode`), or None
-        (subclass hook; the base stores nothing)."""
-        return None
+        return self._kind.stored_code(state, compiler, self.slot.args)
 
     # ---- states ------------------------------------------------------------------------------
     def _buffers_for(self, spec: SpeculativeConfig, args: RuntimeArgs) -> TopologyBuffers | None:
@@ -240,7 +234,7 @@ class _WorkerStates:
 
     def check_args(self, args: RuntimeArgs) -> None:
         """The worker's own rules."""
-        self._worker._check_args(args)  # noqa: SLF001  # this module's own hook
+        self._worker._kind.check_args(args)  # noqa: SLF001  # this module's own worker
 
     def new_state(self, args: RuntimeArgs, generation: int) -> RuntimeState:
         """A reload's state (no graphs yet; its budget was checked when requested)."""

@@ -271,3 +271,56 @@ def test_every_path_a_host_takes_through_its_worker_is_named():
     # the walk reads real hosts and real depth
     walked = {p for path in PATH_HOSTS for _, p, _ in host_paths(path.read_text())}
     assert {"reloads.commit", "capture.queue.pending", "capture.set_compile_processes"} <= walked
+
+
+# ---- a new worker: one written Protocol (WorkerKind) -------------------------------------------------
+class _ShortKind:
+    """A kind that serves S <= 2 and captures nothing."""
+
+    captures_graphs = False
+
+    def check_args(self, args):
+        if args.speculative.num_steps > 2:
+            raise ValueError(f"num_steps={args.speculative.num_steps}: this kind drafts at most 2")
+
+    def row_input_bytes(self):
+        return 0
+
+    def graph_step(self, state, max_size, args):
+        raise NotImplementedError
+
+    def stored_code(self, state, compiler, args):
+        return None
+
+
+def test_a_new_worker_gives_the_base_one_kind_and_its_rules_hold_on_every_path():
+    from draftgraph.runtime.worker import EagleDraftWorkerBase
+
+    class ShortWorker(EagleDraftWorkerBase):
+        def __init__(self, args):
+            super().__init__(args, _ShortKind())
+
+        def draft_forward(self, draft_input):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="num_steps=3: this kind drafts at most 2"):
+        ShortWorker(RuntimeArgs(SpeculativeConfig(3, 1)))
+    w = ShortWorker(RuntimeArgs(SpeculativeConfig(2, 1)))
+    assert isinstance(w, DraftWorker)
+    with pytest.raises(ValueError, match="num_steps=3: this kind drafts at most 2"):
+        w.request_reload(RuntimeArgs(SpeculativeConfig(3, 1)))
+    w.reload(RuntimeArgs(SpeculativeConfig(1, 1)))
+    assert w.spec.num_steps == 1 and w.generation == 1
+
+
+def test_a_kind_missing_a_member_is_refused_naming_it():
+    from draftgraph.runtime.worker import EagleDraftWorkerBase
+
+    class Partial:
+        captures_graphs = False
+
+        def check_args(self, args):
+            pass
+
+    with pytest.raises(TypeError, match=r"kind=Partial: needs row_input_bytes \(a WorkerKind\)"):
+        EagleDraftWorkerBase(RuntimeArgs(SpeculativeConfig(2, 1)), Partial())
