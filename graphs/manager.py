@@ -92,6 +92,11 @@ class GraphCaptureManager:
     stored code instead of recording and compiling again (see `load_stored`). ``share`` (a
     `CaptureShare`): the cuda backend captures into its pool on its stream, with the other
     managers given the same share (a runtime state's draft step and phases).
+
+    One job, the decision per batch size (`lookup`) and its front door: the capture, the replay
+    and the figures are already `GraphSet`'s, `Replayer`'s and `manager_stats`' (module
+    docstring); what is left is that decision and read-only views of their state for its
+    callers (the properties: a third of the class), which a split would only forward again.
     """
 
     def __init__(
