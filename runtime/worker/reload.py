@@ -253,9 +253,15 @@ class Reloads:
         the previous state serving, when the build fails or the worker was reloaded since."""
         self.require_direct("commit_reload")
         policy = prepared.policy
-        with self.slot.lock, span("reload_commit", policy=policy):
-            if isinstance(prepared, ReloadRequest):
-                prepared = self._build(prepared, backend, False, graphs)
+        with self.slot.lock:
+            if isinstance(prepared, ReloadRequest):  # the same two ranges as prepare, then commit
+                with span("reload_prepare", policy=policy):
+                    prepared = self._build(prepared, backend, False, graphs)
+            self._commit_built(prepared)
+
+    def _commit_built(self, prepared: PreparedState) -> None:
+        """Swap a built state in, or discard it when stale; the caller holds the lock."""
+        with span("reload_commit", policy=prepared.policy):
             try:
                 self._swap(prepared)
             except ReloadError as exc:
