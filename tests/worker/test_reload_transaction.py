@@ -92,3 +92,36 @@ def test_attach_host_refuses_an_object_that_is_not_a_reload_host():
     w = captured(args_for(3))
     with pytest.raises(TypeError, match=r"host=str: needs name \(a ReloadHost\)"):
         w.reloads.attach_host("an engine")
+
+
+def test_under_a_coordinator_a_request_is_counted_once_and_a_failed_prepare_keeps_the_state():
+    import torch.distributed as dist
+
+    from draftgraph.runtime.ranks.coordinator import RankCoordinator
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # one rank, in process
+    try:
+        target, head = models()
+        engine = SpecDecodeEngine(_args(SpeculativeConfig(3, 1)), target, head, backend="eager")
+        engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=2, timeout_s=10.0))
+        ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:2]]
+        engine.worker.request_reload(_args(SpeculativeConfig(2, 1)))  # the worker's own way in (a SIGHUP's)
+        for _ in range(3):
+            engine.step()
+        log = engine.worker.reloads.log
+        assert engine.worker.spec.num_steps == 2 and engine.args.speculative.num_steps == 2
+        assert log.totals() == {"requested": 1, "applied": 1, "failed": 0, "superseded": 0}  # once, not twice
+        before = engine.worker.state
+        engine.coordinator.propose_reload(_args(SpeculativeConfig(2, 9, 10)))  # topk 9: refused in prepare
+        for _ in range(3):
+            engine.step()
+        assert engine.worker.state is before and engine.worker.spec.num_steps == 2
+        assert engine.coordinator.stats.aborted == 1 and "topk=9" in engine.coordinator.last_error
+        assert log.totals()["requested"] == 1  # refused by the checks: nothing opened, nothing counted
+        while engine.has_work():
+            engine.step()
+        assert [engine.pop_result(i) for i in ids] == reference()[:2]
+    finally:
+        dist.destroy_process_group()
