@@ -21,9 +21,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 
-from draftgraph.runtime.worker.counting import read_consistent
-from draftgraph.runtime.worker.host_phases import phase_totals
-from draftgraph.runtime.worker.state import EAGER_REASONS
+from draftgraph.runtime.worker import EAGER_REASONS, phase_totals, read_consistent
 
 __all__ = ["METRICS", "MetricsHandle", "Samples", "register_coordinator_metrics",
            "register_sglang_metrics", "register_worker_metrics"]

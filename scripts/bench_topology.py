@@ -24,7 +24,7 @@ from draftgraph.runtime.config import (
 from draftgraph.runtime.models import TinyDraftModel, make_draft_input
 from draftgraph.runtime.topology.organize import organize_draft_results
 from draftgraph.runtime.topology.verify_tree import build_tree
-from draftgraph.runtime.worker.eagle import EagleDraftWorker
+from draftgraph.runtime.worker import EagleDraftWorker
 from scripts.benchutil import count_ops, emit, record, synced, target, time_interleaved
 
 BATCHES = (1, 64, 256)

@@ -19,9 +19,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import PreparedState
-from draftgraph.runtime.worker.state_slot import PendingReload, ReloadRequest
+from draftgraph.runtime.worker import DraftWorker, PendingReload, PreparedState, ReloadRequest
 
 from .policy import StepPolicy, build_policy
 from .stats import EngineStats

@@ -15,7 +15,7 @@ from typing import Any
 
 from draftgraph.graphs import capabilities, resolve_backend
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker import DraftWorker
 
 from .capture_choice import CaptureChoice, choose_capture
 from .phases import EnginePhases, engine_phases

@@ -30,8 +30,7 @@ import torch
 from draftgraph.runtime import RuntimeArgs, SamplingParams
 from draftgraph.runtime.sampling import per_prompt
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.weights import WeightRefit
+from draftgraph.runtime.worker import DraftWorker, WeightRefit
 
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary

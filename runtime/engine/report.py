@@ -11,10 +11,7 @@ import time
 from typing import Any
 
 from draftgraph.graphs import capabilities
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.counting import read_consistent
-from draftgraph.runtime.worker.host_phases import phase_totals
-from draftgraph.runtime.worker.stored_steps import compiled_unit_seconds, source_counts
+from draftgraph.runtime.worker import DraftWorker, compiled_unit_seconds, phase_totals, read_consistent, source_counts
 
 from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary

@@ -46,8 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import RELOAD_POLICIES
+from draftgraph.runtime.worker import RELOAD_POLICIES, DraftWorker
 
 from ..config import RuntimeArgs
 from ..validation import ConfigTypeError, require_positive_int

@@ -121,7 +121,8 @@ def test_hosts_use_nothing_of_the_worker_outside_the_contract():
 
 
 # ---- whole paths (issue 50 item 2) ------------------------------------------------------------------
-PATH_HOSTS = sorted(p for d in ("engine", "serve", "sglang", "ranks") for p in (ROOT / "runtime" / d).rglob("*.py")) + \
+PATH_HOSTS = sorted(p for d in ("engine", "serve", "sglang", "ranks", "commands")
+                    for p in (ROOT / "runtime" / d).rglob("*.py")) + \
     [ROOT / "runtime" / "prometheus.py"] + sorted((ROOT / "scripts").glob("*.py"))
 # files whose ``worker`` is not a draftgraph worker (file: why)
 FOREIGN = {"runtime/sglang/adapter.py": "SGLang's own draft worker, which the adapter patches (its own contract: "
@@ -324,3 +325,35 @@ def test_a_kind_missing_a_member_is_refused_naming_it():
 
     with pytest.raises(TypeError, match=r"kind=Partial: needs row_input_bytes \(a WorkerKind\)"):
         EagleDraftWorkerBase(RuntimeArgs(SpeculativeConfig(2, 1)), Partial())
+
+
+# ---- hosts import the worker's face only ---------------------------------------------------------------
+def inner_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a module inside the worker wing (``draftgraph.runtime.worker.x``,
+    or ``..worker.x`` relative), top level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            name = ("." * node.level) + node.module
+            if name.startswith("draftgraph.runtime.worker.") or (node.level and node.module.startswith("worker.")):
+                found.append((node.lineno, name))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("draftgraph.runtime.worker.")]
+    return sorted(found)
+
+
+def test_the_face_check_sees_inner_imports_in_a_file(tmp_path):
+    planted = tmp_path / "host.py"
+    planted.write_text("from draftgraph.runtime.worker import DraftWorker\n"
+                       "from draftgraph.runtime.worker.reload import Reloads\n"
+                       "def f():\n"
+                       "    from ..worker.state import RuntimeState\n"
+                       "    import draftgraph.runtime.worker.budget\n")
+    assert inner_imports(planted.read_text()) == [(2, "draftgraph.runtime.worker.reload"), (4, "..worker.state"),
+                                                  (5, "draftgraph.runtime.worker.budget")]
+
+
+def test_hosts_import_only_the_worker_face():
+    inner = {f"{path.relative_to(ROOT)}:{line}": name for path in PATH_HOSTS
+             for line, name in inner_imports(path.read_text())}
+    assert inner == {}
