@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from draftgraph.runtime.worker.state import RuntimeState
     from draftgraph.runtime.worker.state_capture import StateCapture
 
-__all__ = ["PreparedReload", "PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadHost", "ReloadLog",
+__all__ = ["PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadHost", "ReloadLog",
            "ReloadRequest", "Reloads", "StateFactory"]
 
 logger = logging.getLogger(__name__)
@@ -98,9 +98,6 @@ class PreparedState:
         """Sizes whose queued capture failed (they would serve eager)."""
         graphs = self.state.graphs
         return graphs.failed_sizes if graphs is not None else {}
-
-
-PreparedReload = PreparedState  # the earlier name
 
 
 class ReloadLog:
