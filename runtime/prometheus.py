@@ -40,7 +40,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_topology_rebuilds": ("counter", "Topology-buffer rebuilds."),
     "draftgraph_reloads": (
         "counter", "Reloads, by result (ok, failed, superseded: replaced by a newer request first)."),
-    "draftgraph_reload_requests": ("counter", "Reloads requested, each counted once: when its build starts, or when superseded before it."),
+    "draftgraph_reload_requests": ("counter", "Reloads requested, each counted once: when its build starts, "
+                                              "or when superseded before it."),
     "draftgraph_generation": ("gauge", "Committed reloads so far (the serving generation)."),
     "draftgraph_active_num_steps": ("gauge", "Draft steps S of the active state."),
     "draftgraph_active_num_draft_tokens": ("gauge", "Verify width N of the active state."),
