@@ -93,10 +93,8 @@ class GraphCaptureManager:
     `CaptureShare`): the cuda backend captures into its pool on its stream, with the other
     managers given the same share (a runtime state's draft step and phases).
 
-    One job, the decision per batch size (`lookup`) and its front door: the capture, the replay
-    and the figures are already `GraphSet`'s, `Replayer`'s and `manager_stats`' (module
-    docstring); what is left is that decision and read-only views of their state for its
-    callers (the properties: a third of the class), which a split would only forward again.
+    One job, the decision per size (`lookup`), and the door to what it delegates (module
+    docstring); a third of it is read-only views for callers, which a split would only forward.
     """
 
     def __init__(
@@ -139,7 +137,6 @@ class GraphCaptureManager:
         self._plans: dict[int, ReplayPlan] = {}
 
     # ---- properties -------------------------------------------------------------------
-
     @property
     def backend_name(self) -> str:
         """The resolved backend: "cuda", "compile", "trace" or "eager"."""
