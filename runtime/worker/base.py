@@ -20,13 +20,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from draftgraph.graphs import capture_batch_sizes, span
-from draftgraph.graphs.compile.pool import CompilePool
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from draftgraph.runtime.topology.buffers import TopologyBufferCache, TopologyBuffers
 from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
 from draftgraph.runtime.worker.budget import StateBudget
 from draftgraph.runtime.worker.counting import CounterLedger
-from draftgraph.runtime.worker.host_phases import GraphStep
 from draftgraph.runtime.worker.kind import WorkerKind
 from draftgraph.runtime.worker.reload import Reloads
 from draftgraph.runtime.worker.state import DraftCounters, RuntimeState
@@ -61,8 +59,7 @@ class EagleDraftWorkerBase:
         # the operator's limit: a reload only lowers it
         self.budget = StateBudget(args.max_state_bytes, kind.row_input_bytes(), kind.captures_graphs)
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
-        self.capture = StateCapture(self.slot, self._graph_step if kind.captures_graphs else None,
-                                  self._stored_code)
+        self.capture = StateCapture(self.slot, kind)
         self.reloads = Reloads(self.slot, _WorkerStates(self), self.budget, self.capture)
 
     # ---- configuration views -------------------------------------------------------------
@@ -96,13 +93,6 @@ class EagleDraftWorkerBase:
     def live_states(self) -> list[RuntimeState]:
         """Every state of this worker not garbage collected yet (metrics read their figures)."""
         return self._ledger.live_states()
-
-    # ---- the kind's step, with the args served now ------------------------------------------
-    def _graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
-        return self._kind.graph_step(state, max_size, self.slot.args)
-
-    def _stored_code(self, state: RuntimeState, compiler: CompilePool | None) -> Any:
-        return self._kind.stored_code(state, compiler, self.slot.args)
 
     # ---- states ------------------------------------------------------------------------------
     def _buffers_for(self, spec: SpeculativeConfig, args: RuntimeArgs) -> TopologyBuffers | None:
