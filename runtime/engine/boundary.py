@@ -113,7 +113,7 @@ class StepBoundary:
             self.worker.capture.run_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
-        if self.worker.generation != self._generation_seen:  # reloaded outside _apply
+        if self.worker.generation != self._generation_seen:  # reloaded past _follow (the coordinator)
             self._generation_seen = self.worker.generation
             self.args = self.worker.args
             self._renew_policy()
