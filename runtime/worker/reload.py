@@ -120,10 +120,8 @@ class ReloadLog:
         self.requested += 1
 
     def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None, *,
-               opened: bool = True, stamp: tuple[int, int] | None = None) -> None:
-        """Keep one reload's outcome (``opened=False``: it never opened, count it now)."""
-        if not opened:
-            self.requested += 1
+               stamp: tuple[int, int] | None = None) -> None:
+        """Keep the outcome of one opened reload (counted when it opened)."""
         if ok:
             self.succeeded += 1
         else:
