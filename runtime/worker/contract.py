@@ -4,7 +4,7 @@ The engine and the coordinator type their worker against this `Protocol`, never 
 concrete class, and use nothing of it that is not named here, down the whole attribute path:
 the collaborators the worker holds (``slot``, ``reloads``, ``capture``, ``budget``) are typed
 with their faces (`runtime.worker.faces`), and tests/worker/test_worker_contract.py walks every
-path the hosts (runtime/engine/, serve/, sglang/, ranks/, prometheus.py, scripts/) take through
+path the hosts (runtime/engine/, serve/, sglang/, ranks/, commands/, prometheus/, scripts/) take through
 a worker against them. Hosts assign nothing through the worker. `EagleDraftWorker` and
 `MultiLayerEagleDraftWorker` both satisfy it; ``drafting`` (`DraftingFace`) is an EAGLE
 worker's only, read with ``getattr(worker, "drafting", None)`` (`OPTIONAL_MEMBERS`).

@@ -83,7 +83,6 @@ FOLDER_EDGES_ALLOWED: dict[tuple[str, str], str] = {
         "the registry (backends.py) builds the compile backend and the manager/graph set take its "
         "StoredCode; the compile wing builds on graphs/' trace backend and protocol",
     ("draftgraph.runtime", "draftgraph.runtime.commands"): "entry.py, the command's front door, calls commands/cli.py",
-    ("draftgraph.runtime", "draftgraph.runtime.worker"): "prometheus.py reads three worker modules",
 }
 
 

@@ -25,7 +25,7 @@ from draftgraph.runtime.worker.multi_layer import MultiLayerEagleDraftWorker
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = sorted((ROOT / "runtime" / "engine").glob("*.py")) + [ROOT / "runtime" / "ranks" / "coordinator.py",
                                                          ROOT / "runtime" / "ranks" / "two_phase.py",
-                                                         ROOT / "runtime" / "prometheus.py"]
+                                                         ROOT / "runtime" / "prometheus" / "__init__.py"]
 WORKER_NAMES = {"worker"}  # a name, or an attribute of that name (self.worker, engine.worker, ...)
 # read with getattr and a default, outside the contract on purpose (name: why)
 OPTIONAL = {"drafting": "the rank coordinator's fingerprint names an EAGLE worker's row layout (None for others)"}
@@ -123,7 +123,7 @@ def test_hosts_use_nothing_of_the_worker_outside_the_contract():
 # ---- whole paths (issue 50 item 2) ------------------------------------------------------------------
 PATH_HOSTS = sorted(p for d in ("engine", "serve", "sglang", "ranks", "commands")
                     for p in (ROOT / "runtime" / d).rglob("*.py")) + \
-    [ROOT / "runtime" / "prometheus.py"] + sorted((ROOT / "scripts").glob("*.py"))
+    [ROOT / "runtime" / "prometheus" / "__init__.py"] + sorted((ROOT / "scripts").glob("*.py"))
 # files whose ``worker`` is not a draftgraph worker (file: why)
 FOREIGN = {"runtime/sglang/adapter.py": "SGLang's own draft worker, which the adapter patches (its own contract: "
                                         "SGLangDraftWorker)"}
