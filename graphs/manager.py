@@ -92,6 +92,9 @@ class GraphCaptureManager:
     stored code instead of recording and compiling again (see `load_stored`). ``share`` (a
     `CaptureShare`): the cuda backend captures into its pool on its stream, with the other
     managers given the same share (a runtime state's draft step and phases).
+
+    One job, the decision per size (`lookup`), and the door to what it delegates (module
+    docstring); a third of it is read-only views for callers, which a split would only forward.
     """
 
     def __init__(
@@ -134,7 +137,6 @@ class GraphCaptureManager:
         self._plans: dict[int, ReplayPlan] = {}
 
     # ---- properties -------------------------------------------------------------------
-
     @property
     def backend_name(self) -> str:
         """The resolved backend: "cuda", "compile", "trace" or "eager"."""

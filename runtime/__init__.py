@@ -17,7 +17,7 @@ The public API (`__all__`, sorted) is what a serving engine needs, by job:
 - several ranks (`runtime.ranks`): `RankCoordinator`, `spawn_ranks`.
 
 Everything else is importable from its own module (for example `runtime.topology.chain.ChainBuffers`,
-`runtime.topology.buffers.TopologyBufferCache`, `runtime.topology.tree_choices.check_tree_choices`,
+`runtime.topology.buffers.TopologyBufferCache`, `runtime.tree_choices.check_tree_choices`,
 `runtime.args_file.runtime_args_from_dict`, `runtime.ranks.launch.RankLaunchError`); the small
 test model and input maker are in `runtime.testing`.
 
@@ -54,7 +54,7 @@ _HOMES: dict[str, str] = {
     "SpeculativeConfig": "config",
     "StaleWeightsError": "worker.weights",
     "StateStats": "worker.state",
-    "StaticTopology": "topology.tree_choices",
+    "StaticTopology": "tree_choices",
     "TopologyBuffers": "topology.buffers",
     "VerifyTree": "topology.verify_tree",
     "build_tree": "topology.verify_tree",
@@ -64,7 +64,7 @@ _HOMES: dict[str, str] = {
     "install_reload_signal": "args_file",
     "load_runtime_args": "args_file",
     "organize_draft_results": "topology.organize",
-    "parse_tree_choices": "topology.tree_choices",
+    "parse_tree_choices": "tree_choices",
     "runtime_args_from_sglang": "sglang.config",
     "select_top_k_tokens": "topology.organize",
     "spawn_ranks": "ranks.launch",

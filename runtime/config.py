@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from draftgraph.runtime.bounds import DEFAULT_MAX_STATE_BYTES, MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK
-from draftgraph.runtime.topology.tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
+from draftgraph.runtime.tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices
 
 from .schedule import SpeculationSchedule
 from .validation import (

@@ -5,13 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from draftgraph.runtime.topology.buffers import VerifyConstants
+__all__ = ["DraftInput", "DraftLayout", "DraftResult", "checked_topk", "unpack_draft_input"]
 
-__all__ = ["DraftInput", "DraftResult", "checked_topk", "unpack_draft_input"]
+
+class DraftLayout(Protocol):
+    """A static topology's verify constants as a draft result carries them
+    (`runtime.topology.buffers.VerifyConstants`; named here so this module, below the
+    topology wing, imports nothing of it): what `build_tree` reads of a layout."""
+
+    num_nodes: int
+    num_steps: int
+    capacity: int
+    depth: torch.Tensor  # [1, N]
+
+    def view(self, bs: int) -> tuple[torch.Tensor, ...]:
+        """The first ``bs`` rows of the constants (node parents, mask, retrieve index, next
+        token, next sibling)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,7 @@ class DraftResult:
     - ``top_scores_index`` [b, N-1]: the selected candidates, ascending.
     - ``draft_tokens`` [b, N-1]: their tokens.
     - ``layout``: None for the general EAGLE layout (decoded with the spec's topk), else the
-      static topology's `VerifyConstants` (a chain or a static tree): `build_tree(...,
+      static topology's `VerifyConstants` (a `DraftLayout`: a chain or a static tree): `build_tree(...,
       layout=result.layout)` then takes the constant route. Set by the worker that drafted it.
 
     From a graph replay the tensors are views of graph memory, valid until the next step.
@@ -93,7 +106,7 @@ class DraftResult:
     parent_list: torch.Tensor
     top_scores_index: torch.Tensor
     draft_tokens: torch.Tensor
-    layout: VerifyConstants | None = None
+    layout: DraftLayout | None = None
     replayed_at: int | None = None
     eager_reason: str | None = None
 

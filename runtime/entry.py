@@ -15,6 +15,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``draftgraph`` command line ``argv`` (default ``sys.argv[1:]``); returns its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     prepare_console(args)
-    from draftgraph.runtime.engine.cli import main as run_command  # loads torch: after the set-up
+    from draftgraph.runtime.commands.cli import main as run_command  # loads torch: after the set-up
 
     return run_command(args)

@@ -24,7 +24,7 @@ from draftgraph.runtime.config import (
 from draftgraph.runtime.models import TinyDraftModel, make_draft_input
 from draftgraph.runtime.topology.organize import organize_draft_results
 from draftgraph.runtime.topology.verify_tree import build_tree
-from draftgraph.runtime.worker.eagle import EagleDraftWorker
+from draftgraph.runtime.worker import EagleDraftWorker
 from scripts.benchutil import count_ops, emit, record, synced, target, time_interleaved
 
 BATCHES = (1, 64, 256)
@@ -67,7 +67,7 @@ def organize_and_build(worker: EagleDraftWorker, b: int, device: str):
             return build_tree(verified, parents, indices, tokens, seq_lens, spec.layout_topk, s, n,
                               validate=False, layout=buf.layout)
     else:
-        lists = worker.drafting._tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
+        lists = worker.drafting.tree_lists(s, spec.topk, inp.topk_p, inp.topk_index, inp.hidden_states)
 
         def run() -> Any:
             parents, indices, tokens = organize_draft_results(*lists, n)

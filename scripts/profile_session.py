@@ -42,7 +42,7 @@ def _tiny_worker_step(max_bs: int) -> Callable[[int], Any]:
 def _engine_run(a: argparse.Namespace) -> dict[str, Any]:
     """A short simulate run with --profile: the engine's trace and its profile summary."""
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-    from draftgraph.runtime.engine.simulate import SimulationConfig, run_simulation
+    from draftgraph.runtime.commands.simulate import SimulationConfig, run_simulation
 
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=a.max_bs)),
                        max_running_requests=a.max_bs)

@@ -1,7 +1,8 @@
 """The step boundary: everything that changes what the engine serves happens here, between steps.
 
-Draft weights (copied in place), reloads (requested by the engine, by its worker's own
-`request_reload` or a signal handler; proposed to every rank under a coordinator), a reload
+Draft weights (copied in place), reloads (the boundary holds the request: checked by the
+worker's `Reloads.request`, from the engine, the worker's own `request_reload` or a signal
+handler; proposed to every rank under a coordinator; then one `Reloads.commit`), a reload
 prepared under background capture (swapped in once its graphs are ready, or dropped when one
 failed), step-boundary capture units (CUDA), the coordinator's per-step poll, and the step policy
 rebuilt for whatever the worker serves after a reload (DESIGN.md §14: one boundary for every
@@ -12,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import PreparedReload
+from draftgraph.runtime.worker import DraftWorker, PendingReload, PreparedState, ReloadRequest
 
 from .policy import StepPolicy, build_policy
 from .stats import EngineStats
@@ -38,7 +37,10 @@ class StepBoundary:
 
     ``args`` is what the engine serves now (it follows the worker after every reload);
     ``policy`` the step policy for it; ``on_weights`` is called after an applied weights update
-    (the drafter resets its carried state)."""
+    (the drafter resets its carried state). It is the worker's `ReloadHost`: it holds the
+    requests and stamps each reload record with the engine's step."""
+
+    name = "a SpecDecodeEngine"
 
     def __init__(self, worker: DraftWorker, weights: Any, stats: EngineStats, args: RuntimeArgs,
                  schedule: SpeculationSchedule | None, adaptive_steps: tuple[int, ...], backend: str,
@@ -54,10 +56,14 @@ class StepBoundary:
         self.on_weights = on_weights
         self.coordinator: Any = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
-        self.prepared: PreparedReload | None = None  # a reload waiting for its graphs
+        self.pending = PendingReload()  # the request for the next boundary
+        self.prepared: PreparedState | None = None  # a reload waiting for its graphs
         self.prepared_steps = 0  # boundaries the prepared reload has waited at
         self._generation_seen = worker.generation
         self.policy: StepPolicy = self._new_policy()
+        # one way in: every reload of this worker (the engine's, its own request_reload, a
+        # signal handler's) is held here, applied at our step boundary, checked against our limits
+        worker.reloads.attach_host(self)
 
     def attach_coordinator(self, coordinator: Any) -> None:
         self.coordinator = coordinator
@@ -107,63 +113,57 @@ class StepBoundary:
             self.worker.capture.run_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
         if self.coordinator is not None:
             self.served.append(self.coordinator.step())
-        if self.worker.generation != self._generation_seen:  # reloaded outside _apply
+        if self.worker.generation != self._generation_seen:  # reloaded past _follow (the coordinator)
             self._generation_seen = self.worker.generation
             self.args = self.worker.args
             self._renew_policy()
 
-    def request_reload(self, new_args: RuntimeArgs, policy: str) -> None:
-        """Checked by the caller; applied at the next boundary (or proposed to every rank)."""
+    # ---- the reload host ---------------------------------------------------------------------
+    def hold_reload(self, request: ReloadRequest) -> ReloadRequest | None:
+        """A checked request (`Reloads.request`): held for the next boundary, or proposed to
+        every rank under a coordinator (ProposalRejected when one is waiting already); the
+        request it supersedes, if any. Safe from a signal handler."""
         if self.coordinator is not None:
-            self.coordinator.propose_reload(new_args, policy)
-            return
-        self.worker.request_reload(new_args, policy)
+            self.coordinator.propose_reload(request.args, request.policy)
+            return None
+        return self.pending.hold(request)
+
+    def reload_stamp(self) -> tuple[int, int]:
+        """(epoch, step) of the engine's statistics, stamped on each reload record."""
+        return self.stats.reload_stamp()
 
     def _take_reload(self) -> None:
-        pending = self.worker.reloads.take_request()
-        if pending is None:
+        request = self.pending.take()
+        if request is None:
             return
-        if self.coordinator is None:
-            with span("apply_reload"):
-                self._apply(*pending)
-            return
-        log = self.worker.reloads.log
-        try:
-            self.coordinator.propose_reload(*pending)
-        except Exception as exc:  # another proposal in flight: this one is not applied
-            log.record(pending[1], time.perf_counter(), ok=False, error=repr(exc))
-            self._rejected(exc)
-        else:
-            log.requested -= 1  # the coordinator's prepare counts it again, on every rank
-
-    def _apply(self, new_args: RuntimeArgs, policy: str) -> None:
         if self.background:
-            self._prepare(new_args, policy)
+            self._prepare(request)
             return
         self.policy.release()
-        try:
-            prepared = self.worker.reloads.prepare(new_args, policy, requested=True,
-                                                  graphs=not self.scheduled(new_args))
-        except (ReloadError, ValueError) as exc:
-            self._rejected(exc)
-            self._renew_policy()
-        else:
-            self._commit(prepared)
+        with span("apply_reload"):
+            try:
+                self.worker.reloads.commit(request, graphs=not self.scheduled(request.args))
+            except ReloadError as exc:
+                self._rejected(exc)
+            else:
+                self._follow(request.args)
+        self._renew_policy()
 
-    def _prepare(self, new_args: RuntimeArgs, policy: str) -> None:
+    def _prepare(self, request: ReloadRequest) -> None:
         """Background capture: build the new state with queued graphs; ``release_first`` swaps
         now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
         if self.prepared is not None:  # a newer request supersedes one still capturing
-            self.worker.reloads.discard(self.prepared, f"superseded by a reload to {new_args.speculative}",
+            self.worker.reloads.discard(self.prepared, f"superseded by a reload to {request.args.speculative}",
                                        superseded=True)
             self.prepared = None
         self.prepared_steps = 0
+        policy = request.policy
         if policy == "release_first":
             self.policy.release()
         try:
-            prepared = self.worker.reloads.prepare(new_args, policy, self.backend, background=True,
-                                                  requested=True, graphs=not self.scheduled(new_args))
-        except (ReloadError, ValueError) as exc:
+            prepared = self.worker.reloads.prepare(request, backend=self.backend, background=True,
+                                                  graphs=not self.scheduled(request.args))
+        except ReloadError as exc:
             self._rejected(exc)
             if policy == "release_first":
                 self._renew_policy()
@@ -173,19 +173,20 @@ class StepBoundary:
         else:
             self.prepared = prepared
 
-    def _commit(self, prepared: PreparedReload) -> None:
+    def _commit(self, prepared: PreparedState) -> None:
         self.policy.release()
         try:
-            self.worker.reloads.commit(prepared)
+            self.worker.reloads.commit(prepared)  # a stale one is discarded there
         except ReloadError as exc:
-            self.worker.reloads.discard(prepared, str(exc))
             self._rejected(exc)
-            self._renew_policy()
         else:
-            self.args = prepared.args
-            self._generation_seen = self.worker.generation
-            self.stats.record_reload({"ok": True, **self.worker.reloads.history[-1]})
-            self._renew_policy()
+            self._follow(prepared.args)
+        self._renew_policy()
+
+    def _follow(self, args: RuntimeArgs) -> None:
+        """The engine serves what its worker now serves."""
+        self.args = args
+        self._generation_seen = self.worker.generation
 
     def _commit_prepared(self) -> None:
         """Swap in a prepared reload whose graphs are all ready (or drop it when one of its
@@ -214,5 +215,5 @@ class StepBoundary:
         self._commit(prepared)
 
     def _rejected(self, exc: BaseException) -> None:
+        """Logged; the worker's log holds its record."""
         logger.error("reload rejected, the previous state keeps serving: %s", exc)
-        self.stats.record_reload({"ok": False, "error": str(exc)})

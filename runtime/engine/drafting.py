@@ -15,8 +15,7 @@ from typing import cast
 import torch
 
 from draftgraph.runtime import DraftInput, DraftResult, EagleDraftWorker, MultiLayerEagleDraftWorker, RuntimeArgs
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker import DraftWorker, GraphStep
 
 from ..models.multi_layer import MultiLayerDraft
 from .model_seam import DraftHead, DraftTarget, check_members, check_pair

@@ -9,7 +9,8 @@ tokens. Every emitted token is the target's own choice, so the output equals `gr
 (or, seeded, `sampled_generate`'s: docs/sampling.md). The batch lives on the device by slot
 (`slot_state.SlotState`); the requests (`request_table.RequestTable`) keep Python bookkeeping; the step policy
 (`policy.StepPolicy`) says which state serves each step; `report.EngineReport` answers for the
-figures. This class only wires them together.
+figures; `capture_setup` starts the graphs. This class only wires them together and is the
+one door of the engine (requests, the step, reloads, weights, figures): one job, a facade.
 
 Long-running use: a caller takes each result with `pop_result` (the engine then forgets the
 request), `abort_request` stops a request at the next step boundary, and a failure while
@@ -26,21 +27,18 @@ from typing import Any
 
 import torch
 
-from draftgraph.graphs import capabilities, resolve_backend
 from draftgraph.runtime import RuntimeArgs, SamplingParams
 from draftgraph.runtime.sampling import per_prompt
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.capture_queue import MAX_THREADS
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.weights import WeightRefit
+from draftgraph.runtime.worker import DraftWorker, WeightRefit
 
 from .acceptance import AcceptanceMonitor, AcceptanceWatch
 from .boundary import StepBoundary
-from .capture_choice import CaptureChoice, choose_capture
+from .capture_choice import CaptureChoice
+from .capture_setup import fill_graphs, start_capture
 from .drafting import KEEP_TOPK, EagleDrafter, MultiLayerDrafter, make_drafter
 from .limits import MAX_VERIFY_WIDTH, EngineLimits
 from .model_seam import DraftTarget, check_members
-from .phases import engine_phases
 from .pipeline import StepPipeline
 from .policy import FixedPolicy
 from .profiling import engine_step
@@ -121,27 +119,12 @@ class SpecDecodeEngine:
         limits.check_spec(args)
         if schedule is not None:
             limits.check_schedule(args)
-        # one way in: every reload of this worker (ours, its own request_reload, a signal
-        # handler's) is taken at our step boundary and checked against our limits when asked
-        self.worker.reloads.attach_host("a SpecDecodeEngine")
         limits.install()
-        device = self.cache.k[0].device
-        self.capture_choice: CaptureChoice = choose_capture(
-            capture, resolved := resolve_backend(backend, device=device))
-        self.capture = capture = self.capture_choice.mode  # "none" on the eager backend
-        background = capture in ("background", "fill") and capabilities(resolved).captures
-        if capture == "fill":  # nothing is served meanwhile: a compile process per core
-            self.worker.capture.set_compile_processes(self.capture_choice.compile_processes)
-            self.worker.capture.queue.max_threads = max(self.worker.capture.queue.max_threads,
-                                                        self.capture_choice.compile_processes)
-        self.phases = engine_phases(target, self.cache, self.drafter, backend, graph_phases, kv_tiers)
-        if self.phases is not None:
-            self.worker.capture.set_phase_provider(self.phases)
-        if capabilities(resolved).captures:
-            if schedule is None:
-                self.worker.capture_graphs(backend, background=background)
-            else:  # the band states capture their own sizes; the active state none
-                self.worker.capture.backend = backend
+        setup = start_capture(self.worker, target, self.cache, self.drafter, backend, capture, schedule,
+                              graph_phases, kv_tiers)
+        self.capture_choice: CaptureChoice = setup.choice
+        self.capture = capture = setup.choice.mode  # "none" on the eager backend
+        self.phases, background = setup.phases, setup.background
         # the eagle worker refits its model; the multi-layer draft is refitted here
         weights = self.worker.weights if self.worker.weights is not None else WeightRefit(draft)
         self._counts = EngineStats()
@@ -158,19 +141,8 @@ class SpecDecodeEngine:
         self.step_index = 0  # step() calls so far: the next step's index (profiling windows, ranges)
         self.profiler: Any = None  # a StepProfiler (profiling.py) while one is attached
         if capture == "fill":
-            self._fill(progress)
+            fill_graphs(self.worker, None if progress is None else lambda: progress(self))
         self.report.mark_started()
-
-    def _fill(self, progress: Callable[[SpecDecodeEngine], None] | None) -> None:
-        """Wait for every queued unit (``progress`` waits when given), then compile in one
-        process again: from now on serving runs beside any later unit (a reload's)."""
-        try:
-            if progress is not None:
-                progress(self)
-            self.worker.capture.wait()
-        finally:
-            self.worker.capture.set_compile_processes(1)
-            self.worker.capture.queue.max_threads = MAX_THREADS
 
     # ---- what the engine serves ---------------------------------------------------------------
     @property
@@ -213,8 +185,7 @@ class SpecDecodeEngine:
         handler); a newer request supersedes one not yet applied (counted and logged). The
         worker's own `request_reload` (e.g. `install_reload_signal(engine.worker, ...)`) is
         the same way in."""
-        self.worker.reloads.check(new_args, policy)
-        self.boundary.request_reload(new_args, policy)
+        self.worker.reloads.request(new_args, policy)  # checked there, held by our boundary
 
     def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
         """Refit the draft: check every tensor of ``state_dict`` now (keys, shapes, dtypes,

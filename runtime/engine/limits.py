@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from draftgraph.runtime import RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker import DraftWorker
 
 from .drafting import KEEP_TOPK
 from .scheduling import check_schedule, reload_state_specs

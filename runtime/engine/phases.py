@@ -32,8 +32,7 @@ import torch
 from draftgraph.graphs import Miss, capabilities, resolve_backend, span, spans_active
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.sampling import SamplingRows
-from draftgraph.runtime.worker.host_phases import GraphStep
-from draftgraph.runtime.worker.phase_key import PhaseKey
+from draftgraph.runtime.worker import GraphStep, PhaseKey
 
 from .accept_policy import SAMPLED_ACCEPT
 from .drafting import EagleDrafter, MultiLayerDrafter

@@ -16,7 +16,7 @@ import torch
 
 from draftgraph.graphs.spans import span, spans_active
 from draftgraph.runtime import DraftResult, VerifyTree, build_tree
-from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker import DraftWorker
 
 from ..models.greedy import prefill
 from ..models.kv_cache import KVCache

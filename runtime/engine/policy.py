@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from draftgraph.graphs import capabilities, capture_batch_sizes
 from draftgraph.runtime import AdaptiveStepController, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker import DraftWorker
 
 from .payoff import PayoffGate
 from .scheduling import BandScheduler

@@ -11,10 +11,7 @@ import time
 from typing import Any
 
 from draftgraph.graphs import capabilities
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.counting import read_consistent
-from draftgraph.runtime.worker.host_phases import phase_totals
-from draftgraph.runtime.worker.stored_steps import compiled_unit_seconds, source_counts
+from draftgraph.runtime.worker import DraftWorker, compiled_unit_seconds, phase_totals, read_consistent, source_counts
 
 from .acceptance import AcceptanceMonitor
 from .boundary import StepBoundary
@@ -70,13 +67,14 @@ class EngineReport:
     def _read_stats(self) -> dict[str, Any]:
         c = self.worker.counters.as_dict()
         out = self.counts.snapshot(since_mark=True)  # one consistent copy (safe from any thread)
-        recent = out.pop("reloads")
+        epoch = out.pop("epoch")
         out.update(graph_replays=c["graph_replays"], eager_fallbacks=c["graph_eager_fallbacks"],
                    eager_steps=c["eager_steps"], fast_path_hits=c["fast_path_hits"],
                    worker=c, spec=list(self.worker.spec.key), backend=self.backend,
                    **self.boundary.policy.as_dict(), state=self.worker.state.describe(), **self.startup())
         # totals for the life of the worker, records of the latest reloads only
-        out["reloads"] = {**self.worker.reloads.log.totals(), "recent": recent}
+        log = self.worker.reloads.log  # the one log: the engine's records are its current epoch
+        out["reloads"] = {**log.totals(), "recent": log.recent(epoch)}
         out["phases"] = phase_totals(self.worker.live_states())  # verify / extend graphs, all states
         out["draft_weights"] = self.boundary.weights.as_dict()
         out["acceptance_watch"] = self.acceptance.as_dict() if self.acceptance is not None else None

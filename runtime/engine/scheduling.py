@@ -23,7 +23,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import AdaptiveStepController, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.schedule import ScheduleBand, SpeculationSchedule
-from draftgraph.runtime.worker.contract import DraftWorker
+from draftgraph.runtime.worker import DraftWorker
 
 __all__ = [
     "BandScheduler", "band_capture_sizes", "band_state_sizes", "check_schedule", "reload_state_specs",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from draftgraph.graphs.spans import span
 
 __all__ = ["EngineStats", "STAGES", "accept_length"]
 
-RECENT_RELOADS = 64  # reload records kept (a long-running server reloads without bound)
 STAGES = ("admit", "draft", "build_tree", "verify", "accept_commit", "extend", "adapt")
 """The engine's stages, in step order: the keys of ``stats()["stage_s"]`` and the names of the
 profiler / NVTX ranges `EngineStats.timed` opens (one vocabulary for timers, ranges and metrics)."""
@@ -62,9 +60,9 @@ class EngineStats:
     prefills_shared: int = 0  # admissions that copied an earlier admission's prefill of the same prompt
     batch_sizes: dict[int, int] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
-    # the engine's records of its latest reloads (step, ok, error, seconds...); totals live in
-    # the worker's ReloadLog, for the life of the process
-    reloads: deque[dict] = field(default_factory=lambda: deque(maxlen=RECENT_RELOADS))
+    # resets so far: the epoch stamped on the worker's reload records (its ReloadLog is the one
+    # log of reloads; the engine reports the records of the current epoch)
+    epoch: int = 0
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
     _mark: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
@@ -106,11 +104,11 @@ class EngineStats:
                     per_pos[pos] = per_pos.get(pos, 0) + 1
             self.tokens_generated += tokens
 
-    def record_reload(self, record: dict) -> None:
-        """Keep one reload record (``step``: verify steps since the last `mark`)."""
+    def reload_stamp(self) -> tuple[int, int]:
+        """(epoch, steps since the last `mark`) for a reload record."""
         with self._lock:
             base = self._mark["steps"] if self._mark is not None else 0
-            self.reloads.append({"step": self.steps - base, **record})
+            return self.epoch, self.steps - base
 
     def snapshot(self, since_mark: bool = False) -> dict[str, Any]:
         """A copy of every figure, taken under the lock (safe from any thread). ``since_mark``:
@@ -120,7 +118,7 @@ class EngineStats:
             d: dict[str, Any] = {k: getattr(self, k) for k in _COUNTS}
             for k in _MAPS:
                 d[k] = dict(getattr(self, k))
-            d["reloads"] = list(self.reloads)
+            d["epoch"] = self.epoch
             base = self._mark
         if since_mark and base is not None:
             for k in _COUNTS:
@@ -133,12 +131,12 @@ class EngineStats:
         return d
 
     def mark(self) -> None:
-        """Start `snapshot(since_mark=True)` afresh from now (the totals keep rising) and forget
-        the reload records."""
+        """Start `snapshot(since_mark=True)` afresh from now (the totals keep rising) and start a
+        new epoch of reload records (the ones before are no longer reported)."""
         totals = self.snapshot()
         with self._lock:
             self._mark = totals
-            self.reloads.clear()
+            self.epoch += 1
 
     def as_dict(self) -> dict[str, Any]:
         """The figures since the last `mark` (`snapshot`)."""

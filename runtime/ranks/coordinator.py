@@ -41,19 +41,18 @@ import logging
 import time
 import zlib
 from collections import deque
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import RELOAD_POLICIES
+from draftgraph.runtime.worker import RELOAD_POLICIES, DraftWorker
 
 from ..config import RuntimeArgs
 from ..validation import ConfigTypeError, require_positive_int
 from .auth import next_instance, process_secret, run_id, warn_unauthenticated
 from .protocol import STORE_ERRORS, ProtocolError, RankProtocol, RankTimeout
+from .record import CoordinatorRecord, CoordinatorStats
 from .two_phase import ReloadOutcome, run_reload
 
 __all__ = ["RankCoordinator", "CoordinatorStats", "ProposalRejected", "RankDivergenceError", "RankMismatchError",
@@ -75,26 +74,6 @@ class RankMismatchError(ValueError):
 class RankDivergenceError(RuntimeError):
     """This rank serves another generation or state than the leader at the same step: the
     ranks would run different collectives (a hang) or different drafts, so the rank stops."""
-
-
-@dataclass
-class CoordinatorStats:
-    """What the coordinator did and cost (seconds are wall time on this rank)."""
-
-    steps: int = 0
-    polls: int = 0
-    poll_s: float = 0.0
-    reloads: int = 0
-    aborted: int = 0
-    rejected: int = 0
-    faults: int = 0
-    forged: int = 0  # store values refused for a MAC that does not check
-    stale: int = 0  # signed values of another moment refused (a replayed proposal or free slot)
-    reload_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON."""
-        return asdict(self)
 
 
 def startup_fingerprint(worker: DraftWorker, poll_every: int) -> dict[str, str]:
@@ -148,6 +127,11 @@ class RankCoordinator:
     several coordinators of one group. Construction is collective: every rank of the group must
     build its coordinator, in the same order; ranks that disagree raise RankMismatchError on
     every rank, a rank that does not arrive raises RankTimeout naming it.
+
+    One job, agreement between the ranks: proposals, the poll or stamp of each step and the
+    two-phase reload share the store protocol, the proposal slot and the leader's word, so they
+    stay one class; what it did is `record` (`CoordinatorRecord`: ``stats``, ``history``,
+    ``last_error``), the reload's phases are `two_phase`'s.
     """
 
     def __init__(self, worker: DraftWorker, group: Any = None, poll_every: int = 8, timeout_s: float = 30.0,
@@ -177,9 +161,8 @@ class RankCoordinator:
         instance = next_instance(f"{name}/{tag}")
         self._proto = RankProtocol(base, f"draftgraph/{name}/{tag}/{run_id(secret)}/{instance}/", self.rank,
                                    self.world_size, self.timeout_s, secret=secret)
-        self.stats = CoordinatorStats()
-        self.history: deque[dict[str, Any]] = deque(maxlen=64)
-        self.last_error: str | None = None
+        self.record = CoordinatorRecord()  # counters, the latest 64 events, the latest error
+        self.stats, self.history = self.record.stats, self.record.history
         self._local: deque[tuple[RuntimeArgs, str]] = deque()  # appended by propose_reload
         self._mode: str | None = None
         self._choice: int | None = None  # the agreed adaptive choice
@@ -189,6 +172,11 @@ class RankCoordinator:
         self._own_pending = False  # leader: its own proposal holds the slot (poll mode)
         self._diverged_from = -1  # the leader generation last reported as diverged
         self._agree_at_startup()
+
+    @property
+    def last_error(self) -> str | None:
+        """The latest error on this rank (a rejected proposal, an aborted reload, a fault)."""
+        return self.record.last_error
 
     @property
     def is_leader(self) -> bool:
@@ -251,10 +239,7 @@ class RankCoordinator:
                    f"rank {holder[0]}'s proposal ({holder[1].speculative}) is in flight; propose "
                    f"again after it completes")
             logger.error(msg)
-            self.last_error = msg
-            self.stats.rejected += 1
-            self.history.append({"event": "rejected", "proposer": self.rank, "ok": False, "error": msg,
-                                 "spec": str(args.speculative), "step": self.stats.steps})
+            self.record.rejected(msg, self.rank, str(args.speculative))
 
     def _count_refused(self) -> None:
         self.stats.forged, self.stats.stale = self._proto.forged, self._proto.stale
@@ -271,10 +256,7 @@ class RankCoordinator:
             self._proto.release()
             msg = f"reload proposal refused: {exc}"
             logger.error("rank %d: %s; generation %d keeps serving", self.rank, msg, self.generation)
-            self.last_error = msg
-            self.stats.rejected += 1
-            self.history.append({"event": "rejected", "proposer": -1, "ok": False, "error": msg,
-                                 "spec": None, "step": self.stats.steps})
+            self.record.rejected(msg, -1, None)
             return 0
         self._reload_n += 1
         self._proto.post_reload(self._reload_n, payload)
@@ -327,8 +309,7 @@ class RankCoordinator:
         msg = (f"rank {self.rank} diverged from the leader at step {t}: it serves generation {state.generation} "
                f"({state.spec}, fingerprint {state_fingerprint(self.worker)}), the leader generation {word[2]} "
                f"(fingerprint {word[3]}); stopping: ranks must serve the same state at every step")
-        self.stats.faults += 1
-        self.last_error = msg
+        self.record.fault(msg)
         logger.critical(msg)
         raise RankDivergenceError(msg)
 
@@ -415,28 +396,20 @@ class RankCoordinator:
         state) and keep its record: counters, the agreed choice, the log and ``history``."""
         start = time.perf_counter()
         out: ReloadOutcome = run_reload(self._proto, self.worker, n, self.timeout_s, self._fault)
+        seconds = time.perf_counter() - start
+        self.record.reload(n, out, seconds, self.generation)
         if out.reason is None:
-            self.stats.reloads += 1
             # an adaptive choice names a state of the old args (a schedule's band and S): every
             # rank serves the new args' initial choice until the leader's next word
             self._choice, self._leader_choice = None, 0
             logger.info("reload %d (proposed by rank %d) to %s committed on every rank; generation %d",
                         n, out.proposer, out.spec, self.generation)
         else:
-            self.stats.aborted += 1
-            self.last_error = f"reload {n} (proposed by rank {out.proposer}, {out.spec}) aborted: {out.reason}"
             logger.error("%s; generation %d keeps serving on every rank", self.last_error, self.generation)
-        seconds = time.perf_counter() - start
-        self.stats.reload_s += seconds
         self._count_refused()
-        self.history.append({"event": "reload", "reload": n, "proposer": out.proposer, "spec": str(out.spec),
-                             "policy": out.policy, "ok": out.reason is None, "error": out.reason,
-                             "step": self.stats.steps - 1, "prepare_s": out.prepare_s, "seconds": seconds,
-                             "generation": self.generation})
 
     def _fault(self, message: str) -> None:
         """A peer or the store did not answer: log, count, keep serving the current state."""
-        self.stats.faults += 1
-        self.last_error = message
+        self.record.fault(message)
         logger.error("rank %d: %s; generation %d keeps serving", self.rank, message, self.generation)
 

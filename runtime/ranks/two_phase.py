@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from draftgraph.runtime.worker.contract import DraftWorker
-from draftgraph.runtime.worker.reload import ReloadError
+from draftgraph.runtime.worker import DraftWorker, ReloadError
 
 from ..config import RuntimeArgs
 from .protocol import STORE_ERRORS, RankProtocol, RankTimeout

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftgraph.runtime.worker.reload import RELOAD_POLICIES
+from draftgraph.runtime.worker import RELOAD_POLICIES
 
 from ..args_file import runtime_args_from_dict, runtime_args_to_dict
 from ..config import RuntimeArgs

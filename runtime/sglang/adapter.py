@@ -22,7 +22,7 @@ import torch
 
 from draftgraph.graphs import span
 from draftgraph.runtime.topology.chain import ChainBuffers, chain_fast_views
-from draftgraph.runtime.worker.state import DraftCounters
+from draftgraph.runtime.worker import DraftCounters
 
 from ..validation import require_positive_int
 from .config import published_server_args, sglang_chain_capacity

@@ -4,11 +4,18 @@ topology buffers a static layout keeps on its device, and the per-row draft stat
 The wing's face: the names other wings use, each defined in the module named beside it.
 """
 
+from draftgraph.runtime.tree_choices import (
+    Choices,
+    StaticTopology,
+    chain_choices,
+    check_tree_choices,
+    parse_tree_choices,
+)
+
 from .buffers import Selector, TopologyBufferCache, TopologyBuffers, VerifyConstants
 from .chain import ChainBuffers, chain_fast_views
 from .draft_rows import DraftRowsLike, RowLayout, leaves, map_rows, named_leaves, row_count
 from .organize import fast_topk, organize_chain_steps, organize_draft_results, select_top_k_tokens
-from .tree_choices import Choices, StaticTopology, chain_choices, check_tree_choices, parse_tree_choices
 from .verify_tree import VerifyTree, build_tree
 
 __all__ = ["ChainBuffers", "Choices", "DraftRowsLike", "RowLayout", "Selector", "StaticTopology",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftgraph.runtime.topology.tree_choices import StaticTopology
+from draftgraph.runtime.tree_choices import StaticTopology
 from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
 
 __all__ = ["TopologyKey", "TopologyBuffers", "TopologyBufferCache", "VerifyConstants", "Selector"]

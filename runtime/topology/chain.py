@@ -17,7 +17,7 @@ import torch
 
 from draftgraph.graphs import span, spans_active
 from draftgraph.runtime.topology.buffers import TopologyBufferCache, TopologyBuffers, TopologyKey
-from draftgraph.runtime.topology.tree_choices import StaticTopology
+from draftgraph.runtime.tree_choices import StaticTopology
 from draftgraph.runtime.validation import require_positive_int
 
 __all__ = ["ChainKey", "ChainBuffers", "ChainBufferCache", "chain_fast_views"]

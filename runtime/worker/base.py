@@ -6,7 +6,8 @@ a step never sees a half-built state, and a state's graphs only ever read or ret
 buffers that state owns.
 
 The worker holds three collaborators, each with its own small interface: ``reloads``
-(`Reloads`: request, prepare, commit, the reload log), ``capture`` (`StateCapture`: building and
+(`Reloads`: request, prepare, commit, the reload log; given the slot, the budget, the capture
+and the worker's `StateFactory` as objects), ``capture`` (`StateCapture`: building and
 capturing a state's graphs, the capture queue, the compile processes, the host's phases) and
 ``budget`` (`StateBudget`: the memory limit per state). What a host engine may use of a worker
 is written in `runtime.worker.contract.DraftWorker`.
@@ -19,13 +20,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from draftgraph.graphs import capture_batch_sizes, span
-from draftgraph.graphs.compile.pool import CompilePool
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig, chain_capacity
 from draftgraph.runtime.topology.buffers import TopologyBufferCache, TopologyBuffers
 from draftgraph.runtime.validation import ConfigTypeError, require_positive_int
 from draftgraph.runtime.worker.budget import StateBudget
 from draftgraph.runtime.worker.counting import CounterLedger
-from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker.kind import WorkerKind
 from draftgraph.runtime.worker.reload import Reloads
 from draftgraph.runtime.worker.state import DraftCounters, RuntimeState
 from draftgraph.runtime.worker.state_capture import StateCapture
@@ -39,27 +39,28 @@ class EagleDraftWorkerBase:
     """Holds the state slot (args, active state, generation, pending reload), the topology
     buffer cache, the counts and the collaborators of the module docstring.
 
-    Subclasses provide ``draft_forward`` and, when they capture a draft step,
-    ``_draft_graph_step(state, max_size)`` (a `GraphStep`).
+    Subclasses provide ``draft_forward`` and give their `WorkerKind` (``kind``: args rules,
+    row bytes, the capturable step, stored code) to this constructor.
     """
 
-    _captures_graphs = True
     weights: WeightRefit | None = None  # in-place draft-weight updates (None: not supported)
 
-    def __init__(self, args: RuntimeArgs) -> None:
+    def __init__(self, args: RuntimeArgs, kind: WorkerKind) -> None:
         if not isinstance(args, RuntimeArgs):
             raise ConfigTypeError(f"args={type(args).__name__}: must be a RuntimeArgs")
+        for member in ("captures_graphs", "check_args", "row_input_bytes", "graph_step", "stored_code"):
+            if not hasattr(kind, member):
+                raise ConfigTypeError(f"kind={type(kind).__name__}: needs {member} (a WorkerKind)")
+        self._kind = kind
         self._token = object()  # identifies this worker's states (an id() could be reused)
         self._topology_cache = TopologyBufferCache()  # every static topology; the chain is one
         self._ledger = CounterLedger()
-        self._check_args(args)
+        kind.check_args(args)
         # the operator's limit: a reload only lowers it
-        self.budget = StateBudget(args.max_state_bytes, self._row_input_bytes(), self._captures_graphs)
+        self.budget = StateBudget(args.max_state_bytes, kind.row_input_bytes(), kind.captures_graphs)
         self.slot = StateSlot(args, self._new_state(args.speculative, None, args=args, generation=0))
-        self.capture = StateCapture(self.slot, self._draft_graph_step if self._captures_graphs else None,
-                                  self._stored_code)
-        self.reloads = Reloads(self.slot, self._check_args, self._check_memory, self._build_state,
-                               lambda: self.capture.backend)
+        self.capture = StateCapture(self.slot, kind)
+        self.reloads = Reloads(self.slot, _WorkerStates(self), self.budget, self.capture)
 
     # ---- configuration views -------------------------------------------------------------
     @property
@@ -93,23 +94,6 @@ class EagleDraftWorkerBase:
         """Every state of this worker not garbage collected yet (metrics read their figures)."""
         return self._ledger.live_states()
 
-    # ---- hooks -------------------------------------------------------------------------------
-    def _check_args(self, args: RuntimeArgs) -> None:
-        """Subclass hook: reject args this worker cannot serve."""
-
-    def _row_input_bytes(self) -> int:
-        """Bytes per row of the static graph inputs besides topk_p / topk_index (subclass hook)."""
-        return 0
-
-    def _draft_graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
-        """The capturable draft step of ``state`` (subclass hook of a worker that captures one)."""
-        raise NotImplementedError
-
-    def _stored_code(self, state: RuntimeState, compiler: CompilePool | None) -> Any:
-        """Where ``state``'s compiled steps are stored and loaded from (`StoredCode`), or None
-        (subclass hook; the base stores nothing)."""
-        return None
-
     # ---- states ------------------------------------------------------------------------------
     def _buffers_for(self, spec: SpeculativeConfig, args: RuntimeArgs) -> TopologyBuffers | None:
         """Shared topology buffers for ``spec`` under ``args`` (None for a dynamic tree)."""
@@ -120,14 +104,15 @@ class EagleDraftWorkerBase:
 
     def _new_state(self, spec: SpeculativeConfig, capture_bs: Sequence[int] | None,
                    args: RuntimeArgs | None = None, generation: int | None = None,
-                   target_only: bool = False) -> RuntimeState:
+                   target_only: bool = False, budget_checked: bool = False) -> RuntimeState:
         """A complete state for ``spec`` with its buffers, counted in this worker's figures;
         graphs are captured separately. Every state is built here, after the memory check
         (`StateBudget.check_state`): ValueError, nothing allocated, when it is over the budget.
         ``target_only``: a plain target step's state (no draft graphs, no topology buffers, so
-        the draft state's budget does not apply)."""
+        the draft state's budget does not apply); ``budget_checked``: a reload's, checked when
+        requested (`Reloads.check`)."""
         args = args or self.slot.args
-        if not target_only:
+        if not (target_only or budget_checked):
             rows = None
             if capture_bs is not None:
                 sizes = _capture_sizes(capture_bs, args)
@@ -139,20 +124,6 @@ class EagleDraftWorkerBase:
         state.generation = self.slot.generation if generation is None else generation
         self._ledger.track(state)
         return state
-
-    def _build_state(self, args: RuntimeArgs, generation: int, backend: str | None,
-                     background: bool = False) -> RuntimeState:
-        """`Reloads`' hook: the state for ``args`` at ``generation``, captured when ``backend``
-        is given (``background``: queued, see `capture_graphs`)."""
-        state = self._new_state(args.speculative, None, args=args, generation=generation)
-        if backend is not None:
-            self.capture.build(state, backend, background)
-        return state
-
-    def _check_memory(self, args: RuntimeArgs) -> None:
-        """`Reloads`' memory check, so an over-budget reload is refused when requested, before
-        anything (release_first: the old graphs) changes."""
-        self.budget.check_state(args, args.speculative)
 
     def _spec_for(self, num_steps: int, num_draft_tokens: int | None, topk: int | None = None,
                   tree_choices: Any = None) -> SpeculativeConfig:
@@ -169,7 +140,7 @@ class EagleDraftWorkerBase:
         ``capture.run_pending``; a step whose size is not ready yet runs eager. See
         `StateCapture.ready`, `StateCapture.wait`."""
         with self.slot.lock:
-            self.capture.backend = backend  # the worker's: later reloads capture with it
+            self.capture.use_backend(backend)  # the worker's: later reloads capture with it
             return self.capture.build(self.slot.active, backend, background)
 
     @contextmanager
@@ -243,6 +214,22 @@ class EagleDraftWorkerBase:
         """Validate now, reload at the start of the next step: the worker's own, or its host's
         step boundary (safe from signal handlers; `Reloads.request`)."""
         self.reloads.request(new_args, policy)
+
+
+class _WorkerStates:
+    """The `StateFactory` a worker gives its `Reloads`: its args rules and its new states."""
+
+    def __init__(self, worker: EagleDraftWorkerBase) -> None:
+        self._worker = worker
+
+    def check_args(self, args: RuntimeArgs) -> None:
+        """The worker's own rules."""
+        self._worker._kind.check_args(args)  # noqa: SLF001  # this module's own worker
+
+    def new_state(self, args: RuntimeArgs, generation: int) -> RuntimeState:
+        """A reload's state (no graphs yet; its budget was checked when requested)."""
+        return self._worker._new_state(args.speculative, None, args=args, generation=generation,  # noqa: SLF001
+                                       budget_checked=True)
 
 
 def _capture_sizes(capture_bs: Sequence[int] | None, args: RuntimeArgs) -> tuple[int, ...]:

@@ -67,8 +67,41 @@ EXIT_WAIT_S = 20.0  # at exit, the longest wait for a unit in progress (cancelle
 MAX_THREADS = 2  # background threads while units compile in the compile process (`_wanted_threads`)
 
 
+class BatchLoad:
+    """Which padded size serving needs most: the served batch sizes, recent and bounded
+    (halved when one passes 65,536). The queue's order within a state."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}  # batch size -> steps
+
+    def note(self, b: int) -> None:
+        """Count one served batch of size ``b``."""
+        seen = self._seen
+        n = seen.get(b, 0) + 1
+        seen[b] = n
+        if n > 1 << 16:  # keep it recent and bounded
+            self._seen = {k: v // 2 for k, v in seen.items() if v > 1}
+
+    def first(self, manager: Any, sizes: list[int]) -> int:
+        """Of ``sizes`` (pending in ``manager``), the one that served the most batches (padded
+        by ``manager``), the smallest first on a tie or before any batch was seen."""
+        load: dict[int, int] = {}
+        for b, n in self._seen.items():
+            p = manager.padded_size(b)
+            if p is not None:
+                load[p] = load.get(p, 0) + n
+        return min(sizes, key=lambda s: (-load.get(s, 0), s))
+
+
 class CaptureQueue:
     """Pending capture units of one worker. ``active`` returns the state serving now.
+
+    One job, running a worker's capture units: their order, their runs in the calling or a
+    background thread, and the counts of those runs share one lock, one list of entries and
+    the set of units being taken, so they stay one class (the served sizes it orders by are
+    `BatchLoad`'s).
 
     The background thread starts a unit when serving has been idle for ``idle_s`` (no step
     noted), or when ``max_wait_s`` passed since its last unit: a unit beside serving slows it
@@ -87,7 +120,7 @@ class CaptureQueue:
         self._done = threading.Condition(self._lock)
         self._entries: list[_Entry] = []
         self._order = 0
-        self._seen: dict[int, int] = {}  # batch size -> steps (recent ones; halved when large)
+        self._load = BatchLoad()  # served batch sizes: the order within a state
         self._running = 0  # units being captured now
         self._taken: set[tuple[int, int]] = set()  # (id(manager), size) being captured now
         self._threads: list[threading.Thread] = []
@@ -127,11 +160,7 @@ class CaptureQueue:
     def note_batch(self, b: int) -> None:
         """Count a served batch size (for the order of the next units) and the step's time."""
         self._last_step = time.perf_counter()
-        seen = self._seen
-        n = seen.get(b, 0) + 1
-        seen[b] = n
-        if n > 1 << 16:  # keep it recent and bounded
-            self._seen = {k: v // 2 for k, v in seen.items() if v > 1}
+        self._load.note(b)
 
     def pending(self) -> int:
         """Units not captured yet (including any being captured now)."""
@@ -166,12 +195,7 @@ class CaptureQueue:
             sizes = list(manager.pending_sizes)
             if not sizes:
                 continue
-            load: dict[int, int] = {}
-            for b, n in self._seen.items():
-                p = manager.padded_size(b)
-                if p is not None:
-                    load[p] = load.get(p, 0) + n
-            size = min(sizes, key=lambda s: (-load.get(s, 0), s))
+            size = self._load.first(manager, sizes)
             self._taken.add((id(manager), size))
             return entry, size
         return None

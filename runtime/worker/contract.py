@@ -1,11 +1,13 @@
 """What a host (the engine, a rank coordinator) may use of a draft worker: `DraftWorker`.
 
 The engine and the coordinator type their worker against this `Protocol`, never against a
-concrete class, and use nothing of it that is not named here (tests/worker/test_worker_contract.py
-walks runtime/engine/, the rank coordinator and runtime/prometheus.py for it). Reloads and
-graph capture are collaborators the worker holds (``reloads``, ``capture``), each with its own
-small interface, so the worker's own surface stays small. `EagleDraftWorker` and
-`MultiLayerEagleDraftWorker` both satisfy it.
+concrete class, and use nothing of it that is not named here, down the whole attribute path:
+the collaborators the worker holds (``slot``, ``reloads``, ``capture``, ``budget``) are typed
+with their faces (`runtime.worker.faces`), and tests/worker/test_worker_contract.py walks every
+path the hosts (runtime/engine/, serve/, sglang/, ranks/, commands/, prometheus/, scripts/) take through
+a worker against them. Hosts assign nothing through the worker. `EagleDraftWorker` and
+`MultiLayerEagleDraftWorker` both satisfy it; ``drafting`` (`DraftingFace`) is an EAGLE
+worker's only, read with ``getattr(worker, "drafting", None)`` (`OPTIONAL_MEMBERS`).
 """
 
 from __future__ import annotations
@@ -15,27 +17,24 @@ from typing import Any, Protocol, runtime_checkable
 
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftResult
-from draftgraph.runtime.worker.budget import StateBudget
-from draftgraph.runtime.worker.reload import Reloads
+from draftgraph.runtime.worker.faces import BudgetFace, CaptureFace, DraftingFace, ReloadsFace, SlotFace
 from draftgraph.runtime.worker.state import DraftCounters, RuntimeState
-from draftgraph.runtime.worker.state_capture import StateCapture
-from draftgraph.runtime.worker.state_slot import StateSlot
 from draftgraph.runtime.worker.weights import WeightRefit
 
-__all__ = ["CONTRACT_MEMBERS", "DraftWorker"]
+__all__ = ["CONTRACT_MEMBERS", "OPTIONAL_MEMBERS", "DraftWorker"]
 
 
 @runtime_checkable
 class DraftWorker(Protocol):
     """A draft worker as its host sees it (see the module docstring)."""
 
-    slot: StateSlot
+    slot: SlotFace
     """The state slot: the lock steps and reloads take, and the host's step markers."""
-    reloads: Reloads
+    reloads: ReloadsFace
     """Reload requests, the two-phase prepare / commit / discard, the host's checks, the log."""
-    capture: StateCapture
+    capture: CaptureFace
     """Graph capture of the worker's states: the queue, waiting, step-boundary units, stop."""
-    budget: StateBudget
+    budget: BudgetFace
     """The memory limit per state and per reload (the host checks its own states against it)."""
     weights: WeightRefit | None
     """In-place draft-weight updates (None when the draft model has none)."""
@@ -94,3 +93,6 @@ CONTRACT_MEMBERS = frozenset({
     "live_states", "draft_forward", "capture_graphs", "build_runtime_state", "build_target_state",
     "apply_runtime_state", "reload", "request_reload",
 })  # every name `DraftWorker` declares (tests/worker/test_worker_contract.py checks the two agree)
+
+OPTIONAL_MEMBERS: dict[str, type] = {"drafting": DraftingFace}
+"""Members only some workers have (read with getattr and a default), and their faces."""

@@ -50,6 +50,42 @@ __all__ = ["EagleDraftWorker"]
 NO_GRAPHS = Miss("no_graphs")  # the state has no replayable manager (see state.EAGER_REASONS)
 
 
+class EagleKind:
+    """The EAGLE worker's `WorkerKind`: its draft model's device, rows, step and stored code."""
+
+    captures_graphs = True
+
+    def __init__(self, draft_model: Any, drafting: EagleDrafting, worker_name: str) -> None:
+        self.draft_model = draft_model
+        self.drafting = drafting
+        self.worker_name = worker_name  # part of the stored code's key
+
+    def check_args(self, args: RuntimeArgs) -> None:
+        """The draft model's parameters must live on the args' device."""
+        dev = _model_device(self.draft_model)
+        if dev is not None and dev != torch.device(args.device):
+            raise ValueError(
+                f"device={args.device!r}: the draft model's parameters are on {dev}; "
+                f"move the model or use device={str(dev)!r}"
+            )
+
+    def row_input_bytes(self) -> int:
+        """hidden_states: one row of every leaf ([H] in the model's dtype for one tensor), the
+        memory check's estimate."""
+        return self.drafting.row_layout.row_bytes()
+
+    def graph_step(self, state: RuntimeState, max_size: int, args: RuntimeArgs) -> GraphStep:
+        """The graph step of ``state`` (`EagleDrafting.graph_step`), guarding the storage of the
+        draft tensors its graphs will read."""
+        state.storage_guard = StorageGuard(self.draft_model)
+        return self.drafting.graph_step(state, max_size, args.device)
+
+    def stored_code(self, state: RuntimeState, compiler: CompilePool | None, args: RuntimeArgs) -> Any:
+        """The compiled-code store of ``state``'s step (`runtime.worker.stored_steps`); ``compiler``:
+        the compile processes of a background capture (None: compiled here)."""
+        return stored_code(self.worker_name, args, self.drafting.row_layout, state, self.draft_model, compiler)
+
+
 class EagleDraftWorker(EagleDraftWorkerBase):
     """Drafts with ``draft_model(input_ids [M], rows) -> (logits [M, V], rows)`` (see
     `EagleDrafting`, its ``drafting``: the row layout, the input rules and the step)."""
@@ -61,21 +97,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         self.drafting = EagleDrafting(draft_model)
         # in-place weight updates (None for a draft model that is not an nn.Module)
         self.weights = WeightRefit(draft_model) if isinstance(draft_model, torch.nn.Module) else None
-        super().__init__(args)
-
-    def _row_input_bytes(self) -> int:
-        """hidden_states: one row of every leaf ([H] in the model's dtype for one tensor), the
-        memory check's estimate."""
-        return self.drafting.row_layout.row_bytes()
-
-    def _check_args(self, args: RuntimeArgs) -> None:
-        """The draft model's parameters must live on the args' device."""
-        dev = _model_device(self.draft_model)
-        if dev is not None and dev != torch.device(args.device):
-            raise ValueError(
-                f"device={args.device!r}: the draft model's parameters are on {dev}; "
-                f"move the model or use device={str(dev)!r}"
-            )
+        super().__init__(args, EagleKind(draft_model, self.drafting, type(self).__qualname__))
 
     # ---- draft weights ---------------------------------------------------------------------
     def update_draft_weights(self, state_dict: Any, *, strict: bool = True) -> int:
@@ -96,18 +118,6 @@ class EagleDraftWorker(EagleDraftWorkerBase):
             return False
         with self.slot.lock:
             return self.weights.apply_pending()
-
-    # ---- capture hooks ---------------------------------------------------------------------
-    def _draft_graph_step(self, state: RuntimeState, max_size: int) -> GraphStep:
-        """The graph step of ``state`` (`EagleDrafting.graph_step`), guarding the storage of the
-        draft tensors its graphs will read."""
-        state.storage_guard = StorageGuard(self.draft_model)
-        return self.drafting.graph_step(state, max_size, self.slot.args.device)
-
-    def _stored_code(self, state: RuntimeState, compiler: CompilePool | None) -> Any:
-        """The compiled-code store of ``state``'s step (`runtime.worker.stored_steps`); ``compiler``:
-        the compile processes of a background capture (None: compiled here)."""
-        return stored_code(self, state, self.draft_model, compiler)
 
     # ---- serving ---------------------------------------------------------------------------
     # ---- serving ---------------------------------------------------------------------------

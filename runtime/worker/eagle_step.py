@@ -140,7 +140,7 @@ class EagleDrafting:
                 parents, score_indices = buf.view(b)
             return DraftResult(parents, score_indices, tokens, buf.layout)
         spec = state.spec
-        lists = self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
+        lists = self.tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)
         if not count:
             return DraftResult(*organize_draft_results(*lists, spec.num_draft_tokens))
         counts.tree_path_calls += 1
@@ -156,7 +156,7 @@ class EagleDrafting:
         if buf is not None:
             return self._static_tokens(buf, topk_index, hidden)
         spec = state.spec
-        return torch.cat(self._tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)[1], dim=1)
+        return torch.cat(self.tree_lists(spec.num_steps, spec.topk, topk_p, topk_index, hidden)[1], dim=1)
 
     def _forward_topk(self, input_ids: torch.Tensor, hidden: DraftRowsLike, topk: int
                       ) -> tuple[torch.Tensor, torch.Tensor, DraftRowsLike]:
@@ -195,9 +195,9 @@ class EagleDrafting:
                 hidden = map_rows(_parent_rows(b, rows, next_rows), hidden)
         return torch.cat(tokens, dim=1)
 
-    def _tree_lists(self, num_steps: int, topk: int, topk_p: torch.Tensor,
-                    topk_index: torch.Tensor, hidden: DraftRowsLike
-                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def tree_lists(self, num_steps: int, topk: int, topk_p: torch.Tensor,
+                   topk_index: torch.Tensor, hidden: DraftRowsLike
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """The general draft loop: per-step (scores, tokens, parents) for organize."""
         score_list: list[torch.Tensor] = []
         token_list: list[torch.Tensor] = []

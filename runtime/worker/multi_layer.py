@@ -18,23 +18,43 @@ from draftgraph.runtime.draft_io import DraftResult, checked_topk
 from draftgraph.runtime.topology.chain import chain_fast_views
 from draftgraph.runtime.topology.organize import organize_chain_steps
 from draftgraph.runtime.worker.base import EagleDraftWorkerBase
-from draftgraph.runtime.worker.state import StepCounts
+from draftgraph.runtime.worker.host_phases import GraphStep
+from draftgraph.runtime.worker.state import RuntimeState, StepCounts
 
 __all__ = ["MultiLayerEagleDraftWorker"]
 
 
-class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
-    """Organizes multi-layer chain drafts: draft_input.topk_p / topk_index [b, S]."""
+class ChainKind:
+    """The multi-layer worker's `WorkerKind`: a chain, nothing to capture."""
 
-    _captures_graphs = False  # nothing to capture: the fast path launches no kernel
+    captures_graphs = False  # the fast path launches no kernel
 
-    def _check_args(self, args: RuntimeArgs) -> None:
+    def check_args(self, args: RuntimeArgs) -> None:
         """A multi-layer draft yields one token per step: topk must be 1."""
         if args.speculative.topk != 1:
             raise ValueError(
                 f"speculative.topk={args.speculative.topk}: MultiLayerEagleDraftWorker drafts a "
                 f"chain (one token per layer), topk must be 1"
             )
+
+    def row_input_bytes(self) -> int:
+        """No static inputs besides topk_p / topk_index."""
+        return 0
+
+    def graph_step(self, state: RuntimeState, max_size: int, args: RuntimeArgs) -> GraphStep:
+        """Never called (``captures_graphs`` is False)."""
+        raise NotImplementedError("a multi-layer chain captures no draft step")
+
+    def stored_code(self, state: RuntimeState, compiler: Any, args: RuntimeArgs) -> None:
+        """Nothing compiled, nothing stored."""
+        return None
+
+
+class MultiLayerEagleDraftWorker(EagleDraftWorkerBase):
+    """Organizes multi-layer chain drafts: draft_input.topk_p / topk_index [b, S]."""
+
+    def __init__(self, args: RuntimeArgs) -> None:
+        super().__init__(args, ChainKind())
 
     def draft_forward(self, draft_input: Any) -> DraftResult:
         """(parent_list [b, S or 0], top_scores_index [b, S], draft_tokens [b, S]).

@@ -1,19 +1,23 @@
-"""Live reconfiguration of a serving worker: build-then-swap or release-first, thread-safe.
+"""Live reconfiguration of a serving worker, as one transaction: request, prepare, commit or discard.
 
 A reload runs under the worker's lock, so steps of other threads wait for it and then run on
-the new state; a step never sees a half-built state. `request_reload` only records the request
-(safe from a signal handler); the serving thread applies it at the start of its next step.
+the new state; a step never sees a half-built state.
 
-`Reloads` is an object its worker holds (not a mixin): it is given the worker's `slot`
-(`StateSlot`: lock, active state, args, generation, pending request) and its hooks:
-``check_args(args)`` and ``check_memory(args)`` (the worker's own checks; the host's run
-between them), ``build_state(args, generation, backend, background)`` and ``backend()``.
-It keeps the `ReloadLog`.
+- `request` / `check`: every check, in one place (`check`: the args' type and policy, the
+  worker's own rules, the host's limits, the memory budget); nothing is built and nothing is
+  counted. `request` then hands the checked `ReloadRequest` to the host that drives the worker
+  (`ReloadHost.hold_reload`: the engine's step boundary holds it), or keeps it for the worker's
+  own next step. Safe from a signal handler.
+- `prepare` builds (and captures) the new state aside: a `PreparedState`; the active one keeps
+  serving. `commit` swaps it in (or, given a request, prepares and swaps under one lock hold);
+  `discard` releases it. A failure leaves the previous state serving.
+- One record per reload in `log` (`ReloadLog`), counted once: when its transaction opens
+  (`prepare`, or the build inside `commit`), or, for one that never opened, when it ends
+  (superseded before it was taken). A host stamps each record with its own step, and its
+  statistics read `ReloadLog.recent` from here: there is no second log.
 
-When an engine drives the worker (`attach_host`), every reload reaches it the same way: a
-request (the engine's, the worker's own, a signal handler's) taken at the engine's step
-boundary; direct calls outside the engine's step are refused. A host adds its own limits to
-the checks with `add_check`, so a reload it cannot serve is refused when requested.
+`Reloads` is given its collaborators as objects: the `StateSlot`, the worker's `StateFactory`
+(its args rules and how it builds a state), the `StateBudget` and the `StateCapture`.
 """
 
 from __future__ import annotations
@@ -24,16 +28,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from draftgraph.graphs import span
 from draftgraph.runtime.config import RuntimeArgs
 from draftgraph.runtime.validation import ConfigTypeError
-from draftgraph.runtime.worker.state_slot import StateSlot
+from draftgraph.runtime.worker.state_slot import ReloadRequest, StateSlot
 
-__all__ = ["PreparedReload", "ReloadError", "ReloadLog", "Reloads", "RELOAD_POLICIES"]
+if TYPE_CHECKING:
+    from draftgraph.runtime.worker.budget import StateBudget
+    from draftgraph.runtime.worker.state import RuntimeState
+    from draftgraph.runtime.worker.state_capture import StateCapture
+
+__all__ = ["PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadHost", "ReloadLog",
+           "ReloadRequest", "Reloads", "StateFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +54,30 @@ class ReloadError(RuntimeError):
     """A reload failed; the cause is chained and the worker state is described in the message."""
 
 
+class StateFactory(Protocol):
+    """What a worker gives its `Reloads`: its own args rules and a new state (no graphs)."""
+
+    def check_args(self, args: RuntimeArgs) -> None:
+        """Refuse args this worker cannot serve (ValueError / TypeError naming the field)."""
+
+    def new_state(self, args: RuntimeArgs, generation: int) -> RuntimeState:
+        """A complete state for ``args`` at ``generation`` (its budget already checked)."""
+
+
+class ReloadHost(Protocol):
+    """Who drives the worker's steps (the engine's step boundary): it holds the requests."""
+
+    name: str
+
+    def hold_reload(self, request: ReloadRequest) -> ReloadRequest | None:
+        """Keep ``request`` for the next step boundary; the request it supersedes, if any."""
+
+    def reload_stamp(self) -> tuple[int, int]:
+        """(epoch, step) stamped on each record: the host's statistics since its last reset."""
+
+
 @dataclass(frozen=True)
-class PreparedReload:
+class PreparedState:
     """A state built aside by `Reloads.prepare`: not serving until committed."""
 
     args: RuntimeArgs
@@ -71,28 +103,48 @@ class PreparedReload:
 class ReloadLog:
     """Reload outcomes of one worker: totals for its whole life (requested, applied, failed,
     superseded) and the records of the latest ``keep`` reloads only, so a long-running server
-    does not grow."""
+    does not grow. ``stamp`` (a host's: `ReloadHost.reload_stamp`) gives each record its epoch
+    and step; `recent` lists the records of one epoch without it."""
 
     __slots__ = ("failed", "history", "requested", "succeeded", "superseded")
 
     def __init__(self, keep: int = 64) -> None:
         self.history: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.requested = 0  # request_reload calls accepted, direct reloads and prepares
+        self.requested = 0  # reloads counted: opened, or ended without opening
         self.succeeded = 0  # applied
         self.failed = 0
         self.superseded = 0  # replaced by a newer request before they were applied
 
-    def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None) -> None:
-        """Count one reload and keep its record."""
+    def opened(self) -> None:
+        """A reload's transaction starts (counted here, once)."""
+        self.requested += 1
+
+    def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None, *,
+               stamp: tuple[int, int] | None = None) -> None:
+        """Keep the outcome of one opened reload (counted when it opened)."""
         if ok:
             self.succeeded += 1
         else:
             self.failed += 1
-        self.history.append({
+        record: dict[str, Any] = {
             "policy": policy, "seconds": time.perf_counter() - start, "ok": ok, "error": error,
             "capture_s": state.capture_s if state is not None else 0.0,
             "capture_bytes": state.capture_bytes if state is not None else 0,
-        })
+        }
+        if stamp is not None:
+            record["epoch"], record["step"] = stamp
+        self.history.append(record)
+
+    def count_superseded(self, opened: bool) -> None:
+        """One reload replaced by a newer one (``opened=False``: before it was taken)."""
+        if not opened:
+            self.requested += 1
+        self.superseded += 1
+
+    def recent(self, epoch: int) -> list[dict[str, Any]]:
+        """The records stamped with ``epoch`` (a host's statistics since its last reset), each
+        with its ``step``."""
+        return [{k: v for k, v in r.items() if k != "epoch"} for r in self.history if r.get("epoch") == epoch]
 
     def totals(self) -> dict[str, int]:
         """Lifetime counts: requested, applied, failed, superseded."""
@@ -101,54 +153,63 @@ class ReloadLog:
 
 
 class Reloads:
-    """`reload` / `request` / two-phase `prepare` + `commit` of one worker's state, through the
-    interface in the module docstring. ``backend()`` is the worker's graph backend (None: none
-    chosen yet), which a reload captures with unless told otherwise."""
+    """The reload transaction of one worker (see the module docstring)."""
 
-    def __init__(self, slot: StateSlot, check_args: Callable[[RuntimeArgs], None],
-                 check_memory: Callable[[RuntimeArgs], None],
-                 build_state: Callable[[RuntimeArgs, int, str | None, bool], Any],
-                 backend: Callable[[], str | None]) -> None:
+    def __init__(self, slot: StateSlot, states: StateFactory, budget: StateBudget, capture: StateCapture) -> None:
         self.slot = slot
         self.log = ReloadLog()
-        self._check_args = check_args
-        self._check_memory = check_memory  # after the host's checks, before anything is built
-        self._build_state = build_state
-        self._backend = backend
+        self._states = states
+        self._budget = budget
+        self._capture = capture
+        self._host: ReloadHost | None = None
         self._host_checks: tuple[Callable[[RuntimeArgs], None], ...] = ()
 
     def add_check(self, check: Callable[[RuntimeArgs], None]) -> None:
-        """Add a host's own limit (a drafter's layer count, an engine's widest tree) to the
-        checks every reload path runs before anything changes: ``check(args)`` raises
-        ValueError / TypeError naming the field and the limit."""
+        """Add a host's own limit (a drafter's layer count, an engine's widest tree) to `check`:
+        ``check(args)`` raises ValueError / TypeError naming the field and the limit."""
         if not callable(check):
             raise ConfigTypeError(f"check={check!r}: must be callable")
         self._host_checks = (*self._host_checks, check)
 
-    def attach_host(self, name: str) -> None:
-        """Declare that ``name`` (an engine) drives this worker's steps: requested reloads are
-        then applied at its step boundary (`take_request`), never inside a draft step, and a
-        direct `reload` / `prepare` / `commit` / override outside the host's step is refused
-        with an error naming `request_reload`."""
-        self.slot.host = str(name)
+    def attach_host(self, host: ReloadHost) -> None:
+        """Declare that ``host`` drives this worker's steps: requests are handed to it
+        (`ReloadHost.hold_reload`) and applied at its step boundary, never inside a draft step;
+        a direct `reload` / `prepare` / `commit` / override outside its step is refused with an
+        error naming `request_reload`."""
+        for member in ("name", "hold_reload", "reload_stamp"):
+            if not hasattr(host, member):
+                raise ConfigTypeError(f"host={type(host).__name__}: needs {member} (a ReloadHost)")
+        self._host = host
+        self.slot.host = str(host.name)
 
     @property
     def history(self) -> deque[dict[str, Any]]:
         """The latest reload records (policy, seconds, ok, error, capture_s, capture_bytes)."""
         return self.log.history
 
-    def check(self, new_args: Any, policy: str = "swap") -> None:
-        """Run every check a reload to ``new_args`` must pass (the same as construction, the
-        host's limits included) without changing anything: ValueError / TypeError naming the
-        field and the limit. Hosts call it before queueing a request of their own."""
+    def check(self, new_args: Any, policy: str = "swap") -> ReloadRequest:
+        """Every check a reload to ``new_args`` must pass (the same as construction, the host's
+        limits and the memory budget included), without changing anything: ValueError /
+        TypeError naming the field and the limit. The checked request."""
         if not isinstance(new_args, RuntimeArgs):
             raise ConfigTypeError(f"new_args={type(new_args).__name__}: must be a RuntimeArgs")
         if policy not in RELOAD_POLICIES:
             raise ValueError(f"policy={policy!r}: must be one of {list(RELOAD_POLICIES)}")
-        self._check_args(new_args)
+        self._states.check_args(new_args)
         for check in self._host_checks:
             check(new_args)
-        self._check_memory(new_args)
+        self._budget.check_state(new_args, new_args.speculative)
+        return ReloadRequest(new_args, policy)
+
+    def request(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
+        """Check now (nothing is left pending when a check fails); the reload runs at the host's
+        next step boundary (or this worker's next step). A newer request supersedes one not
+        yet applied: counted here, logged by the serving thread."""
+        request = self.check(new_args, policy)
+        host = self._host
+        previous = host.hold_reload(request) if host is not None else self.slot.requests.hold(request)
+        if previous is not None:
+            self.log.count_superseded(opened=False)
 
     def require_direct(self, what: str) -> None:
         """Refuse a direct reload call while a host drives this worker, outside its step."""
@@ -160,75 +221,75 @@ class Reloads:
                 f"the next step boundary")
 
     def reload(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None) -> None:
-        """Replace the active state with one built from ``new_args``.
-
-        ``swap``: build (and capture) the new state, swap it in, then release the old one; on
-        failure the old state keeps serving and ReloadError (cause chained) is raised.
-        ``release_first``: release the old graphs, gc + empty the CUDA cache, then build (lower
-        peak memory); on failure the old configuration keeps serving eager until a later reload
-        succeeds. Graphs are captured when the old state had some (same backend) or ``backend``
-        is given. Equivalent to `prepare` then `commit` under one lock hold.
-        """
-        self.check(new_args, policy)
+        """Replace the active state with one built from ``new_args`` now: `prepare` then `commit`
+        under one lock hold (``swap``: build, swap, release the old state; ``release_first``:
+        release the old graphs first, serving eager if the build fails)."""
         self.require_direct("reload")
-        self.log.requested += 1
-        self._reload_now(new_args, policy, backend)
-
-    def _reload_now(self, new_args: RuntimeArgs, policy: str, backend: str | None = None) -> None:
-        """`reload` of checked (and counted) args."""
+        request = self.check(new_args, policy)
         with self.slot.lock, span("reload", policy=policy):
-            self._commit(self._prepare(new_args, policy, backend))
+            self._swap(self._build(request, backend))
 
-    def prepare(self, new_args: RuntimeArgs, policy: str = "swap", backend: str | None = None, *,
-                background: bool = False, requested: bool = False, graphs: bool = True) -> PreparedReload:
-        """Phase one of a two-phase reload (several ranks): build and capture the new state
-        aside; the active state keeps serving (``release_first`` releases its graphs first).
-        ``background=True`` queues the capture instead (`capture_graphs`): commit when
-        `PreparedReload.ready`. Raises ReloadError like `reload`. Finish with `commit` or
-        `discard`. ``requested=True``: the reload was already counted by `request` (a host
-        applying a request it took). ``graphs=False``: the new state gets no graphs (a host
-        that serves other states of its own, a schedule's band states)."""
+    def prepare(self, new: RuntimeArgs | ReloadRequest, policy: str = "swap", backend: str | None = None, *,
+                background: bool = False, graphs: bool = True) -> PreparedState:
+        """Build and capture the new state aside (``new``: args, checked here, or a checked
+        `ReloadRequest`, whose own policy holds); the active state keeps serving
+        (``release_first`` releases its graphs first). ``background=True`` queues the capture:
+        commit when `PreparedState.ready`. ``graphs=False``: no graphs (a host serving states
+        of its own). ReloadError when the build fails. Finish with `commit` or `discard`."""
         self.require_direct("prepare_reload")
-        try:
-            self.check(new_args, policy)
-        except Exception as exc:
-            if requested:  # counted when requested: its outcome is a failure
-                self.log.record(policy, time.perf_counter(), ok=False, error=repr(exc))
-            raise
-        if not requested:
-            self.log.requested += 1
-        with self.slot.lock, span("reload_prepare", policy=policy):
-            return self._prepare(new_args, policy, backend, background, graphs)
+        request = new if isinstance(new, ReloadRequest) else self.check(new, policy)
+        with self.slot.lock, span("reload_prepare", policy=request.policy):
+            return self._build(request, backend, background, graphs)
 
-    def commit(self, prepared: PreparedReload) -> None:
-        """Phase two: swap the prepared state in (O(1), no capture) and release the old one.
-
-        Raises ReloadError (nothing changes) when the worker was reloaded since the prepare."""
+    def commit(self, prepared: PreparedState | ReloadRequest, *, backend: str | None = None,
+               graphs: bool = True) -> None:
+        """Swap a prepared state in (O(1), no capture) and release the old one; given a checked
+        `ReloadRequest`, build it first under the same lock hold (one transaction). ReloadError,
+        the previous state serving, when the build fails or the worker was reloaded since."""
         self.require_direct("commit_reload")
-        with self.slot.lock, span("reload_commit", policy=prepared.policy):
-            self._commit(prepared)
+        policy = prepared.policy
+        with self.slot.lock:
+            if isinstance(prepared, ReloadRequest):  # the same two ranges as prepare, then commit
+                with span("reload_prepare", policy=policy):
+                    prepared = self._build(prepared, backend, False, graphs)
+            self._commit_built(prepared)
 
-    def discard(self, prepared: PreparedReload, reason: str, *, superseded: bool = False) -> None:
-        """Phase two when the ranks did not agree: release the prepared state, record ``reason``
-        (counted as failed, or as superseded when a newer reload replaces it)."""
+    def _commit_built(self, prepared: PreparedState) -> None:
+        """Swap a built state in, or discard it when stale; the caller holds the lock."""
+        with span("reload_commit", policy=prepared.policy):
+            try:
+                self._swap(prepared)
+            except ReloadError as exc:
+                self.discard(prepared, str(exc))
+                raise
+
+    def discard(self, prepared: PreparedState, reason: str, *, superseded: bool = False) -> None:
+        """Release a prepared state and record ``reason`` (failed, or superseded when a newer
+        reload replaces it)."""
         with self.slot.lock:
             prepared.state.release()
             if superseded:
-                self.log.superseded += 1
+                self.log.count_superseded(opened=True)
                 logger.warning("reload to %s (%s) superseded while it was prepared: %s",
                                prepared.args.speculative, prepared.policy, reason)
             else:
-                self.log.record(prepared.policy, prepared.start, ok=False, error=reason)
+                self._record(prepared.policy, prepared.start, False, reason)
 
-    def _prepare(self, new_args: RuntimeArgs, policy: str, backend: str | None,
-                 background: bool = False, graphs: bool = True) -> PreparedReload:
-        """Build (and capture) the new state; the caller holds the lock and checked the args."""
+    def _record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None) -> None:
+        stamp = self._host.reload_stamp() if self._host is not None else None
+        self.log.record(policy, start, ok, error, state, stamp=stamp)
+
+    def _build(self, request: ReloadRequest, backend: str | None, background: bool = False,
+               graphs: bool = True) -> PreparedState:
+        """Open the reload (counted) and build its state; the caller holds the lock."""
+        self.log.opened()
+        new_args, policy = request.args, request.policy
         old = self.slot.active
         if not graphs:
             backend = None
         elif backend is None:  # the worker's backend, whatever the current state has (none after
             # a failed release_first reload)
-            backend = self._backend()
+            backend = self._capture.backend
             if backend is None and old.graphs is not None:
                 backend = old.graphs.backend_name
         generation = self.slot.generation
@@ -239,16 +300,18 @@ class Reloads:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         try:
-            new = self._build_state(new_args, generation + 1, backend, background)
+            new = self._states.new_state(new_args, generation + 1)
+            if backend is not None:
+                self._capture.build(new, backend, background)
         except Exception as exc:
-            self.log.record(policy, start, ok=False, error=repr(exc))
+            self._record(policy, start, False, repr(exc))
             serving = "the old state keeps serving" + (
                 " eager (its graphs were released first)" if policy == "release_first" else "")
             raise ReloadError(f"reload ({policy}) to {new_args.speculative} failed; {serving}: "
                               f"{exc}") from exc
-        return PreparedReload(new_args, policy, new, generation, start)
+        return PreparedState(new_args, policy, new, generation, start)
 
-    def _commit(self, prepared: PreparedReload) -> None:
+    def _swap(self, prepared: PreparedState) -> None:
         """Swap in a prepared state; the caller holds the lock."""
         slot = self.slot
         if prepared.generation != slot.generation:
@@ -256,45 +319,20 @@ class Reloads:
                               f"generation {prepared.generation}, the worker is at {slot.generation}")
         for old in slot.commit(prepared.args, prepared.state):
             old.release()
-        self.log.record(prepared.policy, prepared.start, ok=True, error=None, state=prepared.state)
+        self._record(prepared.policy, prepared.start, True, None, prepared.state)
         logger.info("reloaded to %s (%s) in %.3f s", prepared.args.speculative, prepared.policy,
                     self.history[-1]["seconds"])
-
-    def request(self, new_args: RuntimeArgs, policy: str = "swap") -> None:
-        """Validate now (nothing is left pending when a check fails), reload at the start of the
-        next step: the worker's own, or its host's step boundary (safe from signal handlers).
-        A newer request supersedes one not yet applied; that is counted and logged."""
-        self.check(new_args, policy)
-        log = self.log
-        log.requested += 1
-        if self.slot.request(new_args, policy) is not None:
-            log.superseded += 1
-
-    def take_request(self) -> tuple[RuntimeArgs, str] | None:
-        """For the serving thread: the pending request (args, policy), now cleared, or None;
-        requests it superseded are logged here (not in a signal handler)."""
-        slot = self.slot
-        unreported, slot.superseded_unreported = slot.superseded_unreported, 0
-        listed = 0
-        while slot.superseded:
-            (old_args, old_policy), (new_args, new_policy) = slot.superseded.popleft()
-            listed += 1
-            logger.warning("reload request to %s (%s) superseded by %s (%s) before it was applied",
-                           old_args.speculative, old_policy, new_args.speculative, new_policy)
-        if unreported > listed:
-            logger.warning("%d more reload requests were superseded before they were applied "
-                           "(not listed; the latest %d are)", unreported - listed, listed)
-        return slot.take_request()
 
     def apply_pending(self) -> None:
         """Run a requested reload (a worker without a host, at the start of its step); a
         failure is logged and recorded, serving goes on."""
-        if self.slot.host is not None:  # the host applies it at its step boundary
+        if self._host is not None:  # the host applies it at its step boundary
             return
-        pending = self.take_request()
-        if pending is None:
+        request = self.slot.requests.take()
+        if request is None:
             return
         try:
-            self._reload_now(*pending)
+            with self.slot.lock, span("reload", policy=request.policy):
+                self._swap(self._build(request, None))
         except ReloadError:
             logger.exception("requested reload failed")

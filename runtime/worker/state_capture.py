@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,8 +24,9 @@ from draftgraph.graphs.backends import backend_class
 from draftgraph.graphs.compile.inductor import inductor_cache_dir
 from draftgraph.graphs.compile.pool import CompilePool
 from draftgraph.runtime.settings import compile_process
-from draftgraph.runtime.worker.capture_queue import CaptureQueue
-from draftgraph.runtime.worker.host_phases import GraphStep, PhaseGraphs, PhaseProvider
+from draftgraph.runtime.worker.capture_queue import MAX_THREADS, CaptureQueue
+from draftgraph.runtime.worker.host_phases import PhaseGraphs, PhaseProvider
+from draftgraph.runtime.worker.kind import WorkerKind
 from draftgraph.runtime.worker.state import RuntimeState
 from draftgraph.runtime.worker.state_slot import StateSlot
 from draftgraph.runtime.worker.stored_steps import phase_stored_code
@@ -39,16 +39,15 @@ logger = logging.getLogger(__name__)
 class StateCapture:
     """Builds and captures the graphs of one worker's states.
 
-    ``graph_step(state, max_size)`` is the worker's draft step (None: the worker captures no
-    draft step, only the host's phases); ``stored_code(state, compiler)`` where a compiling
-    backend stores and loads that step's code (``compiler``: the compile processes, or None to
-    compile here)."""
+    ``kind`` (the worker's `WorkerKind`) gives the draft step (`WorkerKind.graph_step`; none
+    when it ``captures_graphs`` not: only the host's phases are captured) and where a compiling
+    backend stores and loads that step's code (`WorkerKind.stored_code`, given the compile
+    processes, or None to compile here), both for the args the slot serves."""
 
-    def __init__(self, slot: StateSlot, graph_step: Callable[[RuntimeState, int], GraphStep] | None,
-                 stored_code: Callable[[RuntimeState, CompilePool | None], Any] | None = None) -> None:
+    def __init__(self, slot: StateSlot, kind: WorkerKind) -> None:
         self._slot = slot
-        self._graph_step = graph_step
-        self._stored_code = stored_code
+        self._kind = kind
+        self._captures_step = kind.captures_graphs  # a draft step to capture
         self.queue = CaptureQueue(lambda: slot.active)
         self.queue.interrupt_at_exit = self._close_compile_processes
         self._compile_process: CompilePool | None = None
@@ -70,11 +69,13 @@ class StateCapture:
 
     def _new_manager(self, state: RuntimeState, backend: str, background: bool) -> GraphCaptureManager:
         """An uncaptured manager of ``state``'s draft step, counting into ``state.replays``."""
-        assert self._graph_step is not None
-        graph_step = self._graph_step(state, max(state.capture_sizes))
+        assert self._captures_step
+        args = self._slot.args
+        graph_step = self._kind.graph_step(state, max(state.capture_sizes), args)
         stored = None
-        if self._stored_code is not None and self._compiles(backend):
-            stored = self._stored_code(state, self.compile_process if background and compile_process() else None)
+        if self._compiles(backend):
+            compiler = self.compile_process if background and compile_process() else None
+            stored = self._kind.stored_code(state, compiler, args)
         return GraphCaptureManager(graph_step.step, graph_step.static_inputs, list(state.capture_sizes),
                                    backend=backend, pad_values=graph_step.pad_values, counters=state.replays,
                                    stored=stored, share=state.capture_share)
@@ -146,7 +147,7 @@ class StateCapture:
         the draft step ``state`` keeps what it had and the error propagates."""
         if not state.capture_sizes:
             return state
-        if self._graph_step is not None and not state.target_only:
+        if self._captures_step and not state.target_only:
             manager = self._new_manager(state, backend, background=False)
             start = time.perf_counter()
             manager.capture()
@@ -164,7 +165,7 @@ class StateCapture:
         steps run eager ("not_ready")."""
         if not state.capture_sizes:
             return state
-        if self._graph_step is not None and not state.target_only:
+        if self._captures_step and not state.target_only:
             manager = self._new_manager(state, backend, background=True)
             manager.begin()
             start = time.perf_counter()
@@ -236,8 +237,15 @@ class StateCapture:
 
     def set_compile_processes(self, n: int) -> None:
         """Compile in up to ``n`` processes at once (an int >= 1; default 1): more only while
-        nothing is served beside them (a fill before serving), since each takes a core."""
+        nothing is served beside them (a fill before serving), since each takes a core. The
+        queue runs as many background threads as processes (at least `MAX_THREADS`)."""
         self.compile_process.set_size(n)
+        self.queue.max_threads = max(MAX_THREADS, n)
+
+    def use_backend(self, backend: str) -> None:
+        """The backend later reloads capture with (a host whose own states capture: a
+        schedule's bands), without capturing anything now."""
+        self.backend = backend
 
     def _close_compile_processes(self) -> None:
         if self._compile_process is not None:

@@ -3,20 +3,22 @@
 A worker, its reload machinery and an adaptive controller all need the same four things:
 the lock that orders steps against reconfiguration, the active `RuntimeState`, the args it
 was built from with their generation (bumped by every committed reload), and a reload
-requested for the next step. The slot owns them and offers a small interface: read them,
-`switch` (same generation, an adaptive step change), `commit` (new args, next generation)
-and `request` / `take_request` (a reload handed to the serving thread).
+requested for the worker's own next step (`requests`, a `PendingReload`; a host holds its
+own). The slot owns them and offers a small interface: read them, `switch` (same generation,
+an adaptive step change) and `commit` (new args, next generation).
 
-A host that drives the worker step by step (the engine) marks the slot `hosted`: reloads
-then reach the worker only through `request` and are taken at the host's step boundary, never
+A host that drives the worker step by step (the engine) names itself in `host`: reloads then
+reach the worker only as requests the host holds and applies at its step boundary, never
 inside a draft step, and the host marks the thread and span of its step (`enter_step`), the
 only place where reloads may run.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from draftgraph.runtime.config import RuntimeArgs
@@ -24,14 +26,66 @@ from draftgraph.runtime.config import RuntimeArgs
 if TYPE_CHECKING:
     from draftgraph.runtime.worker.state import RuntimeState
 
-__all__ = ["StateSlot"]
+__all__ = ["PendingReload", "ReloadRequest", "StateSlot"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReloadRequest:
+    """A reload checked by `Reloads.request` / `Reloads.check` (arguments, the host's limits,
+    the memory budget): nothing was built; `Reloads.commit` / `prepare` take it unchecked."""
+
+    args: RuntimeArgs
+    policy: str
+
+
+class PendingReload:
+    """The one reload request waiting for the serving thread. `hold` is reference writes and a
+    deque append (safe from a signal handler); a newer request supersedes one not yet taken,
+    and `take` (the serving thread) logs which by which."""
+
+    __slots__ = ("_request", "_superseded", "_unreported")
+
+    def __init__(self) -> None:
+        self._request: ReloadRequest | None = None
+        self._superseded: deque[tuple[ReloadRequest, ReloadRequest]] = deque(maxlen=64)
+        self._unreported = 0  # superseded since the last report (the deque keeps 64)
+
+    @property
+    def request(self) -> ReloadRequest | None:
+        """The request waiting, if any."""
+        return self._request
+
+    def hold(self, request: ReloadRequest) -> ReloadRequest | None:
+        """Keep ``request`` for the next `take`; returns the one it supersedes, if any."""
+        previous, self._request = self._request, request
+        if previous is not None:
+            self._superseded.append((previous, request))
+            self._unreported += 1
+        return previous
+
+    def take(self) -> ReloadRequest | None:
+        """The waiting request, now cleared (None: none); the requests it superseded are logged
+        here, on the serving thread."""
+        unreported, self._unreported = self._unreported, 0
+        listed = 0
+        while self._superseded:
+            old, new = self._superseded.popleft()
+            listed += 1
+            logger.warning("reload request to %s (%s) superseded by %s (%s) before it was applied",
+                           old.args.speculative, old.policy, new.args.speculative, new.policy)
+        if unreported > listed:
+            logger.warning("%d more reload requests were superseded before they were applied "
+                           "(not listed; the latest %d are)", unreported - listed, listed)
+        request, self._request = self._request, None
+        return request
 
 
 class StateSlot:
     """Lock, active state, args + generation, pending reload of one worker."""
 
-    __slots__ = ("_args", "_committed", "_generation", "_pending", "_state", "_step_thread", "host", "lock",
-                 "superseded", "superseded_unreported")
+    __slots__ = ("_args", "_committed", "_generation", "_state", "_step_thread", "host", "lock", "requests")
 
     def __init__(self, args: RuntimeArgs, state: RuntimeState) -> None:
         self.lock = threading.RLock()  # steps, overrides, switches and reloads take it
@@ -39,13 +93,9 @@ class StateSlot:
         self._state = state
         self._committed = state  # the state this generation began with (a switch may leave it)
         self._generation = 0
-        self._pending: tuple[RuntimeArgs, str] | None = None
+        self.requests = PendingReload()  # a reload for the worker's own next step (no host)
         self.host: str | None = None  # who drives the steps (an engine), None: the worker itself
         self._step_thread: int | None = None  # the host thread inside its step, if any
-        # (superseded, superseding) requests not yet reported: appended by `request` (maybe in a
-        # signal handler, where logging is not safe), reported by the serving thread
-        self.superseded: deque[tuple[tuple[RuntimeArgs, str], tuple[RuntimeArgs, str]]] = deque(maxlen=64)
-        self.superseded_unreported = 0  # how many since the last report (the deque keeps 64)
 
     @property
     def active(self) -> RuntimeState:
@@ -63,9 +113,9 @@ class StateSlot:
         return self._generation
 
     @property
-    def pending(self) -> tuple[RuntimeArgs, str] | None:
-        """The reload requested for the next step, if any: (args, policy)."""
-        return self._pending
+    def pending(self) -> ReloadRequest | None:
+        """The reload requested for the worker's own next step, if any."""
+        return self.requests.request
 
     def switch(self, state: RuntimeState) -> RuntimeState:
         """Make ``state`` active within the same generation; returns the previous one."""
@@ -84,22 +134,6 @@ class StateSlot:
             self._args, self._state, self._generation = args, state, self._generation + 1
             self._committed = state
             return (previous,) if began is previous else (previous, began)
-
-    def request(self, args: RuntimeArgs, policy: str) -> tuple[RuntimeArgs, str] | None:
-        """Record a reload for the serving thread (reference writes and a deque append: safe
-        from a signal handler); a later request supersedes an earlier one not yet taken, which
-        is returned (and queued in `superseded` for the serving thread to report)."""
-        new = (args, policy)
-        previous, self._pending = self._pending, new
-        if previous is not None:
-            self.superseded.append((previous, new))
-            self.superseded_unreported += 1
-        return previous
-
-    def take_request(self) -> tuple[RuntimeArgs, str] | None:
-        """The pending reload, now cleared (None when there is none)."""
-        pending, self._pending = self._pending, None
-        return pending
 
     # ---- a host's step -------------------------------------------------------------------------
     def enter_step(self) -> None:

@@ -46,14 +46,13 @@ def _config(model: Any) -> Any:
     return repr(cfg) if cfg is not None else None
 
 
-def _structure(worker: Any, state: RuntimeState, model: Any) -> str:
+def _structure(worker_name: str, args: Any, rows: Any, state: RuntimeState, model: Any) -> str:
     spec = state.spec
-    args = worker.args
     return json.dumps({
-        "worker": type(worker).__qualname__, "model": f"{type(model).__module__}.{type(model).__qualname__}",
+        "worker": worker_name, "model": f"{type(model).__module__}.{type(model).__qualname__}",
         "config": _config(model), "num_steps": spec.num_steps, "topk": spec.topk,
         "num_draft_tokens": spec.num_draft_tokens, "tree": repr(spec.tree_choices),
-        "capacity": chain_capacity(args), "device": str(args.device), "rows": worker.drafting.row_layout.describe(),
+        "capacity": chain_capacity(args), "device": str(args.device), "rows": rows.describe(),
         "code": code_digest(),
     }, sort_keys=True)
 
@@ -84,13 +83,16 @@ def _constants(model: Any, state: RuntimeState) -> dict[str, torch.Tensor]:
     return out
 
 
-def stored_code(worker: Any, state: RuntimeState, model: Any, compiler: Any = None) -> StoredCode | None:
-    """`StoredCode` for ``state``'s draft step under ``worker`` (None when the store is off);
-    ``compiler``: a `CompileWorker` to compile in."""
+def stored_code(worker_name: str, args: Any, rows: Any, state: RuntimeState, model: Any,
+                compiler: Any = None) -> StoredCode | None:
+    """`StoredCode` for ``state``'s draft step under a worker of class ``worker_name`` serving
+    ``args`` with the draft row layout ``rows`` (None when the store is off); ``compiler``: a
+    `CompileWorker` to compile in."""
     store = default_compile_store()
     if store is None:
         return None
-    return StoredCode(store, _structure(worker, state, model), lambda: _constants(model, state), compiler)
+    structure = _structure(worker_name, args, rows, state, model)
+    return StoredCode(store, structure, lambda: _constants(model, state), compiler)
 
 
 def phase_stored_code(name: str, structure: str, constants: Any, compiler: Any = None) -> StoredCode | None:

@@ -107,7 +107,7 @@ def test_simulate_profile_writes_trace_with_spans(tmp_path):
 
 @pytest.mark.parametrize("argv,command", [(["simulate"], "_simulate"), (["generate", "hi"], "_generate")])
 def test_ctrl_c_prints_one_line_and_exits_130(argv, command, monkeypatch, capsys):
-    from draftgraph.runtime.engine import cli
+    from draftgraph.runtime.commands import cli
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -130,7 +130,7 @@ def test_max_loop_steps_reports_prefix_agreement():
 
 
 def test_ctrl_c_in_the_greedy_baseline_prints_the_report_of_what_ran(monkeypatch, capsys):
-    from draftgraph.runtime.engine import cli, simulate
+    from draftgraph.runtime.commands import cli, simulate
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -147,7 +147,8 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
 
     from draftgraph.graphs.manager import GraphCaptureManager
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-    from draftgraph.runtime.engine import SpecDecodeEngine, simulate
+    from draftgraph.runtime.commands import simulate
+    from draftgraph.runtime.engine import SpecDecodeEngine
     from draftgraph.runtime.worker.capture_queue import CaptureQueue
 
     release, started = threading.Event(), threading.Event()
@@ -182,7 +183,7 @@ def test_a_hung_capture_unit_does_not_keep_simulate_waiting(monkeypatch):
     assert box and box[0]["capture_stopped"] is False and box[0]["tokens_generated"] > 0
     # the report says what is pending, a lower bound on its time (no unit finished) and that
     # those steps were served eager
-    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.commands.cli import _ready_text
 
     eta = box[0]["graphs_eta"]
     assert (eta["pending"], eta["compiles"], eta["basis"], eta["units_measured"]) == (2, 0, "at least", 0)
@@ -212,7 +213,7 @@ def test_the_no_cuda_runtime_notice_is_dropped_on_a_cpu_machine():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the notice is kept there")
     plain = "import torch.utils.cpp_extension"
-    via_cli = ("import contextlib, io\nfrom draftgraph.runtime.engine import cli\n"
+    via_cli = ("import contextlib, io\nfrom draftgraph.runtime.commands import cli\n"
                "with contextlib.redirect_stdout(io.StringIO()):\n    cli.main(['info'])\n"
                "import torch.utils.cpp_extension")
     runs = {name: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -25,7 +25,7 @@ def _stderr(argv0: str, module: str) -> str:
 
 def test_the_command_drops_torchs_numpy_notice_other_programs_keep_it():
     # a program that imports the library and the command's module, whatever its name, keeps it
-    other = _stderr("draftgraph", "draftgraph.runtime.engine.cli")
+    other = _stderr("draftgraph", "draftgraph.runtime.commands.cli")
     assert "Failed to initialize NumPy" in other  # the notice exists here: the check can fail
     assert "Failed to initialize NumPy" not in _stderr("-m", "draftgraph.runtime")  # python -m draftgraph.runtime
 
@@ -39,8 +39,8 @@ def test_the_library_loads_its_names_lazily():
 
 def test_waiting_for_graphs_shows_units_done_of_all_on_stderr(capsys):
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
+    from draftgraph.runtime.commands.simulate import wait_with_progress
     from draftgraph.runtime.engine import SpecDecodeEngine
-    from draftgraph.runtime.engine.simulate import wait_with_progress
     from draftgraph.runtime.models import default_models
 
     target, head = default_models(seed=0)

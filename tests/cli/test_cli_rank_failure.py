@@ -11,7 +11,7 @@ TRACEBACK = ("raised:\nTraceback (most recent call last):\n  File \"x.py\", line
 
 def test_a_failed_rank_is_one_line_and_exit_2(monkeypatch, capsys):
     import draftgraph.runtime as runtime
-    from draftgraph.runtime.engine import cli
+    from draftgraph.runtime.commands import cli
 
     def failing(world_size, fn, args=(), timeout_s=0.0, **kw):
         raise RankLaunchError("1 of 2 ranks failed", {1: TRACEBACK}, {0: {}})

@@ -19,10 +19,10 @@ pytestmark = [pytest.mark.slow,  # the slow tier (make test-all, CI): CLI subpro
 # The driver patches one moment of the run to send SIGHUP (or raise Ctrl-C), then runs the CLI.
 DRIVER = textwrap.dedent("""
     import os, signal, sys
-    import draftgraph.runtime.engine.simulate as sim
+    import draftgraph.runtime.commands.simulate as sim
     import draftgraph.runtime.models as models
     from draftgraph.runtime.engine import SpecDecodeEngine
-    from draftgraph.runtime.engine.cli import main
+    from draftgraph.runtime.commands.cli import main
 
     moment = os.environ["MOMENT"]
     hup = lambda: os.kill(os.getpid(), signal.SIGHUP)

@@ -86,7 +86,7 @@ def drive(w, sizes, seed=0):
 # ---- the engine, its report and the docs ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def simulated():
-    from draftgraph.runtime.engine.simulate import SimulationConfig, run_simulation
+    from draftgraph.runtime.commands.simulate import SimulationConfig, run_simulation
 
     registry = CollectorRegistry()
     args = RuntimeArgs(SpeculativeConfig(3, 1), CudaGraphConfig(PhaseGraphConfig(max_bs=4)), max_running_requests=6)

@@ -245,7 +245,7 @@ def test_error_quotes_a_few_hundred_characters_of_a_huge_value(tmp_path, field):
 # ---- item 3b: SIGHUP reads off the serving thread -----------------------------------------------
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs SIGHUP (POSIX)")
 def test_sighup_reads_the_args_file_off_the_serving_thread(tmp_path, monkeypatch):
-    from draftgraph.runtime.engine import signals
+    from draftgraph.runtime.commands import signals
 
     path = tmp_path / "args.json"
     path.write_text(ARGS)
@@ -306,7 +306,7 @@ def test_sighup_while_the_console_script_starts_does_not_kill_it(tmp_path, train
 
 EXIT_DRIVER = textwrap.dedent("""
     import os, signal, sys, time
-    from draftgraph.runtime.engine.cli import main
+    from draftgraph.runtime.commands.cli import main
     rc = main(sys.argv[1:])
     os.kill(os.getpid(), signal.SIGHUP)  # as the process exits
     time.sleep(0.5)

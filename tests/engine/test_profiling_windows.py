@@ -14,7 +14,7 @@ from engine_support import prompts
 from draftgraph.graphs import spans as spans_module
 from draftgraph.graphs.spans import disable_nvtx, enable_nvtx, span, trace_spans
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.engine import cli
+from draftgraph.runtime.commands import cli
 from draftgraph.runtime.engine.engine import SpecDecodeEngine
 from draftgraph.runtime.engine.profiling import StepProfiler, check_windows, parse_profile_steps, profile_steps
 from draftgraph.runtime.engine.stats import STAGES

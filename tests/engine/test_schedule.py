@@ -221,7 +221,7 @@ def test_speculation_resumes_as_if_it_had_never_stopped():
 
 
 def test_cli_schedule_flags(capsys):
-    from draftgraph.runtime.engine import cli
+    from draftgraph.runtime.commands import cli
     assert cli.main(["info", "--schedule", "1:5,4:3,16:1,32:0", "--max-bs", "32", "--max-running", "64"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [b["band"] for b in out["schedule"]] == ["1-3", "4-15", "16-31", "32+"]
@@ -247,7 +247,7 @@ def test_cli_schedule_flags(capsys):
 def test_cli_schedule_with_adaptive_is_refused_naming_both(capsys):
     """Issue 40: ``--schedule`` with ``--adaptive`` silently dropped the candidates (the run served
     the schedule). Refused before the models load; ``--adaptive ''`` (off) is consistent."""
-    from draftgraph.runtime.engine import cli
+    from draftgraph.runtime.commands import cli
 
     flags = ["simulate", "--schedule", "1:3,4:1", "--requests", "1", "--no-greedy", "--backend", "eager",
              "--max-loop-steps", "3", "--json"]

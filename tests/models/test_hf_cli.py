@@ -13,7 +13,8 @@ import pytest
 from hf_support import VOCAB, head_tensors, oracle, save_head, save_target
 
 from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
-from draftgraph.runtime.engine import SpecDecodeEngine, cli
+from draftgraph.runtime.commands import cli
+from draftgraph.runtime.engine import SpecDecodeEngine
 from draftgraph.runtime.models import load_models
 
 MAX_NEW = 10

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hf_support import VOCAB, oracle, save_head, save_target
 
-from draftgraph.runtime.engine import cli
+from draftgraph.runtime.commands import cli
 from draftgraph.runtime.engine.loading import resolve_models
 from draftgraph.runtime.models import default_models, greedy_generate
 from draftgraph.runtime.models.prompt_file import ChatPrompt, demo_prompts, encode_prompt, read_prompt_file

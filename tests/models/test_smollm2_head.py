@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgraph.runtime.engine.cli import main
+from draftgraph.runtime.commands.cli import main
 from draftgraph.runtime.models.head_data import encode_prompts, generate_samples, register_gen_attention, shipped_split
 from draftgraph.runtime.models.head_eval import accept_length
 from draftgraph.runtime.models.hf_models import load_models

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hf_support import save_target
 
-from draftgraph.runtime.engine.cli import main
+from draftgraph.runtime.commands.cli import main
 from draftgraph.runtime.models.head_data import read_prompts
 from draftgraph.runtime.models.head_eval import accept_length
 from draftgraph.runtime.models.head_recipe import HeadTrainConfig, cached_samples

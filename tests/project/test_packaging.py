@@ -173,7 +173,7 @@ _NO_PSUTIL = "import sys; sys.modules['psutil'] = None\n"  # `import psutil` rai
 def test_cli_help_works_without_psutil():
     for argv in (["--help"], ["simulate", "--help"]):
         code = (_NO_PSUTIL + f"sys.argv = ['draftgraph', *{argv!r}]\n"
-                "from draftgraph.runtime.engine.cli import main\n"
+                "from draftgraph.runtime.commands.cli import main\n"
                 "sys.exit(main())\n")
         done = _python(code)
         assert done.returncode == 0, done.stderr
@@ -183,7 +183,7 @@ def test_cli_help_works_without_psutil():
 
 def test_rss_without_psutil_reads_proc_or_nan():
     code = (_NO_PSUTIL + "import math\n"
-            "from draftgraph.runtime.engine.simulate import _rss_mib\n"
+            "from draftgraph.runtime.commands.simulate import _rss_mib\n"
             "v = _rss_mib()\n"
             "assert math.isnan(v) or v > 1.0, v\n")
     done = _python(code)

@@ -43,7 +43,7 @@ def test_junk_is_refused_naming_the_variable(monkeypatch, name, value, reader):
 
 
 def test_info_shows_the_settings(monkeypatch, capsys, tmp_path):
-    from draftgraph.runtime.engine import cli
+    from draftgraph.runtime.commands import cli
 
     monkeypatch.setenv("DRAFTGRAPH_COMPILED_DIR", str(tmp_path))
     assert cli.main(["info", "--backend", "eager"]) == 0

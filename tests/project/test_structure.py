@@ -82,11 +82,7 @@ FOLDER_EDGES_ALLOWED: dict[tuple[str, str], str] = {
     ("draftgraph.graphs", "draftgraph.graphs.compile"):
         "the registry (backends.py) builds the compile backend and the manager/graph set take its "
         "StoredCode; the compile wing builds on graphs/' trace backend and protocol",
-    ("draftgraph.runtime", "draftgraph.runtime.engine"): "entry.py, the command's front door, calls engine/cli.py",
-    ("draftgraph.runtime", "draftgraph.runtime.topology"):
-        "config.py (tree_choices) and draft_io.py (buffers) reach into topology/",
-    ("draftgraph.runtime", "draftgraph.runtime.worker"): "prometheus.py reads three worker modules",
-    ("draftgraph.runtime.engine", "draftgraph.runtime.serve"): "engine/cli.py starts the HTTP server (serve/)",
+    ("draftgraph.runtime", "draftgraph.runtime.commands"): "entry.py, the command's front door, calls commands/cli.py",
 }
 
 

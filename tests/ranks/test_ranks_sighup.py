@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow,  # the slow tier (make test-all, CI): rank proce
 DRIVER = textwrap.dedent("""
     import os, signal, sys
     import draftgraph.runtime as rt
-    from draftgraph.runtime.engine.cli import main
+    from draftgraph.runtime.commands.cli import main
 
     real = rt.spawn_ranks
     def spawn_ranks(*a, **k):

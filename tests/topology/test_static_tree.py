@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from draftgraph.runtime.config import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftInput
 from draftgraph.runtime.topology.buffers import TopologyBuffers
-from draftgraph.runtime.topology.tree_choices import StaticTopology, chain_choices
 from draftgraph.runtime.topology.verify_tree import build_tree
+from draftgraph.runtime.tree_choices import StaticTopology, chain_choices
 from draftgraph.runtime.worker.eagle import EagleDraftWorker
 
 V, H = 64, 16

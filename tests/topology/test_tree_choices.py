@@ -8,7 +8,7 @@ import pytest
 
 from draftgraph.runtime.args_file import load_runtime_args
 from draftgraph.runtime.config import SpeculativeConfig
-from draftgraph.runtime.topology.tree_choices import parse_tree_choices
+from draftgraph.runtime.tree_choices import parse_tree_choices
 from draftgraph.runtime.validation import ConfigTypeError
 
 TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))

@@ -309,7 +309,7 @@ def test_a_hung_unit_stop_returns_at_its_timeout_and_says_so_pending_ones_cancel
 
 
 def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
-    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.commands.cli import _ready_text
     from draftgraph.runtime.engine.report import graphs_eta
 
     w = make_worker(SPEC, bs=(1, 2, 4, 8), backend=None)
@@ -344,7 +344,7 @@ def test_pending_units_get_an_estimate_from_the_units_that_ran(make_worker):
 
 
 def test_before_any_unit_ran_the_estimate_is_from_earlier_runs(make_worker):
-    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.commands.cli import _ready_text
     from draftgraph.runtime.engine.report import graphs_eta
 
     w = make_worker(SPEC, bs=(1, 2), backend=None)
@@ -420,7 +420,7 @@ def test_the_estimate_counts_compiles_and_checks_apart(queue_figures, pending, c
 
 
 def test_the_ready_line_names_each_kind_and_a_missing_figure():
-    from draftgraph.runtime.engine.cli import _ready_text
+    from draftgraph.runtime.commands.cli import _ready_text
     from draftgraph.runtime.engine.report import graphs_eta
 
     eta = graphs_eta(_Queue(running_s=4.0), 40, 5)

@@ -216,8 +216,8 @@ def test_sighup_with_a_damaged_file_reports_and_serves(tmp_path, caplog):
 def test_simulate_reload_from_a_damaged_file_reports_and_serves(tmp_path, capsys):
     from engine_support import MAX_NEW, models, prompts, reference
 
+    from draftgraph.runtime.commands.simulate import _reload_from
     from draftgraph.runtime.engine import SpecDecodeEngine
-    from draftgraph.runtime.engine.simulate import _reload_from
     target, head = models("eagle")
     engine = SpecDecodeEngine(_args(mrr=4), target, head, backend="eager")
     ids = [engine.add_request(list(p), MAX_NEW) for p in prompts()[:4]]

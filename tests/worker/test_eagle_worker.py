@@ -41,7 +41,7 @@ def test_chain_fast_path_equals_general(b, s, seed):
     inp = make_draft_input(b, 1, seed=seed)
     state = w.state
     fast = w.drafting.step(state, inp.topk_p, inp.topk_index, inp.hidden_states)
-    lists = w.drafting._tree_lists(s, 1, inp.topk_p, inp.topk_index, inp.hidden_states)
+    lists = w.drafting.tree_lists(s, 1, inp.topk_p, inp.topk_index, inp.hidden_states)
     from draftgraph.runtime import organize_draft_results
     general = organize_draft_results(*lists, s + 1)
     for j in range(3):

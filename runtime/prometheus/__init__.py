@@ -21,9 +21,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 
-from draftgraph.runtime.worker.counting import read_consistent
-from draftgraph.runtime.worker.host_phases import phase_totals
-from draftgraph.runtime.worker.state import EAGER_REASONS
+from draftgraph.runtime.worker import EAGER_REASONS, phase_totals, read_consistent
 
 __all__ = ["METRICS", "MetricsHandle", "Samples", "register_coordinator_metrics",
            "register_sglang_metrics", "register_worker_metrics"]
@@ -42,7 +40,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "draftgraph_topology_rebuilds": ("counter", "Topology-buffer rebuilds."),
     "draftgraph_reloads": (
         "counter", "Reloads, by result (ok, failed, superseded: replaced by a newer request first)."),
-    "draftgraph_reload_requests": ("counter", "Reloads requested (request_reload, direct reloads, prepares)."),
+    "draftgraph_reload_requests": ("counter", "Reloads requested, each counted once: when its build starts, "
+                                              "or when superseded before it."),
     "draftgraph_generation": ("gauge", "Committed reloads so far (the serving generation)."),
     "draftgraph_active_num_steps": ("gauge", "Draft steps S of the active state."),
     "draftgraph_active_num_draft_tokens": ("gauge", "Verify width N of the active state."),
@@ -257,8 +256,9 @@ def read_worker(worker: Any, out: Samples, labels: dict[str, str]) -> None:
     add("draftgraph_reloads", {**labels, "result": "failed"}, c.failed_reloads)
     log = getattr(getattr(worker, "reloads", None), "log", None)
     if log is not None:
-        add("draftgraph_reloads", {**labels, "result": "superseded"}, log.superseded)
-        add("draftgraph_reload_requests", labels, log.requested)
+        totals = log.totals()
+        add("draftgraph_reloads", {**labels, "result": "superseded"}, totals["superseded"])
+        add("draftgraph_reload_requests", labels, totals["requested"])
     active = worker.state
     add("draftgraph_generation", labels, worker.generation)
     plain = getattr(active, "target_only", False)  # a plain target step's state: S = 0, width 1

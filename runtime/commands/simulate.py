@@ -20,16 +20,16 @@ import torch
 from draftgraph.graphs import capabilities
 from draftgraph.runtime import RuntimeArgs, load_runtime_args
 
+from ..engine.engine import SpecDecodeEngine
+from ..engine.model_seam import DraftTarget
+from ..engine.profiling import profile_steps
+from ..engine.requests import RequestFailed
 from ..models import default_checkpoints, default_models, greedy_generate, sampled_generate
 from ..models.corpus import held_out_prompts
 from ..models.defaults import DRAFT_KINDS
 from ..models.hf_eagle import HFEagleHead
 from ..sampling import GREEDY, SamplingParams
 from ..sampling.params import MAX_SEED
-from .engine import SpecDecodeEngine
-from .model_seam import DraftTarget
-from .profiling import profile_steps
-from .requests import RequestFailed
 from .signals import ProcessReloadSignal
 
 __all__ = ["SimulationConfig", "bar_safe_logging", "run_simulation", "wait_with_progress"]
@@ -334,7 +334,7 @@ def _engine_for(cfg: SimulationConfig, target: Any, draft: Any, rank: int | None
         from draftgraph.runtime.ranks.coordinator import RankCoordinator
         engine.attach_coordinator(RankCoordinator(engine.worker, poll_every=cfg.poll_every))
     if registry is not None:
-        from .metrics import register_engine_metrics
+        from ..engine.metrics import register_engine_metrics
         register_engine_metrics(engine, registry)
     return engine
 

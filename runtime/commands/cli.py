@@ -33,10 +33,10 @@ from draftgraph.runtime.console import SERVING_COMMANDS, prepare_console
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.settings import read_settings
 
+from ..engine.phases import default_graph_phases
+from ..engine.profile_report import format_table
+from ..engine.profiling import parse_profile_steps
 from .cli_sampling import add_sampling_flags, sampling_from
-from .phases import default_graph_phases
-from .profile_report import format_table
-from .profiling import parse_profile_steps
 from .signals import ProcessReloadSignal
 from .sim_temperatures import parse_temperatures, temperature_lines, temperature_rows
 from .simulate import SimulationConfig, run_simulation
@@ -175,7 +175,7 @@ def _serve_parser(sub: Any) -> None:
 
 def _graph_phases(text: str) -> tuple[str, ...]:
     """argparse type of --graph-phases: comma-separated names of `PHASE_NAMES` ('' for none)."""
-    from .phases import PHASE_NAMES
+    from ..engine.phases import PHASE_NAMES
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     bad = [n for n in names if n not in PHASE_NAMES]
     if bad:
@@ -201,8 +201,8 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 
 def _info(ns: argparse.Namespace) -> int:
-    from .capture_choice import choose_capture
-    from .loading import model_name
+    from ..engine.capture_choice import choose_capture
+    from ..engine.loading import model_name
 
     args = build_args(ns)
     backend = resolve_backend(ns.backend)
@@ -221,7 +221,7 @@ def _info(ns: argparse.Namespace) -> int:
         out["graph_phases"] = list(default_graph_phases(out["backend"]) if ns.graph_phases is None
                                    else ns.graph_phases)
     if args.schedule is not None:  # which state owns which capture sizes (an off band: its phases')
-        from .scheduling import band_state_sizes
+        from ..engine.scheduling import band_state_sizes
         grid, phases = out["capture_sizes"], bool(out.get("graph_phases"))
         out["schedule"] = [{"band": b.label(), "steps": list(b.steps),
                             "capture_sizes": band_state_sizes(grid, b, captures, phases)}
@@ -231,11 +231,11 @@ def _info(ns: argparse.Namespace) -> int:
 
 
 def _generate(ns: argparse.Namespace) -> int:
+    from ..engine.engine import SpecDecodeEngine
+    from ..engine.loading import load_text_models, model_source, resolve_models
     from ..models import greedy_generate, sampled_generate
     from ..models.hf_text import eos_id_of
     from ..models.prompt_file import encode_prompt, has_chat_template
-    from .engine import SpecDecodeEngine
-    from .loading import load_text_models, model_source, resolve_models
 
     args = build_args(ns)
     sampling = sampling_from(ns)  # checked before the models load
@@ -282,13 +282,13 @@ def _serve(ns: argparse.Namespace, reload_signal: Any = None) -> int:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ValueError(f"serve: needs starlette and uvicorn ({exc}; pip install 'draftgraph[serve]')") from None
+    from ..engine.engine import SpecDecodeEngine
+    from ..engine.loading import load_text_models, resolve_models
     from ..serve.admin import read_token_file
     from ..serve.config import ServeConfig
     from ..serve.connections import ConnectionLimits
     from ..serve.sampling_fields import generation_defaults
     from ..serve.server import bind_socket, run_server
-    from .engine import SpecDecodeEngine
-    from .loading import load_text_models, resolve_models
 
     args = build_args(ns)
     token = read_token_file(ns.admin_token_file) if ns.admin_token_file else None
@@ -332,7 +332,7 @@ def _simulate(ns: argparse.Namespace, reload_signal: Any = None) -> int:
                          f"their own S candidates (e.g. \"1:3|4|5\"); give one of the two")
     if ns.reload_at is not None and not ns.reload_config:
         raise ValueError(f"--reload-at={ns.reload_at}: needs --reload-config FILE")
-    from .loading import resolve_models
+    from ..engine.loading import resolve_models
 
     choice = resolve_models(ns.target, ns.draft, ns.dtype, ns.weights)
     default = DEFAULT_ADAPTIVE_REAL if choice.target is not None and ns.world_size == 1 else DEFAULT_ADAPTIVE
@@ -416,11 +416,11 @@ def _metrics_registry(ns: argparse.Namespace) -> Any:
     except ImportError as exc:
         raise ValueError("--metrics-port/--metrics-file: needs prometheus_client "
                          "(pip install 'draftgraph[metrics]')") from exc
-    from .metrics import serve_metrics
+    from ..engine.metrics import serve_metrics
 
     registry = CollectorRegistry()
     if ns.metrics_port is not None:
-        from .metrics import is_loopback, metrics_url
+        from ..engine.metrics import is_loopback, metrics_url
 
         port = serve_metrics(ns.metrics_port, registry, host=ns.metrics_host)
         if not is_loopback(ns.metrics_host):

@@ -6,6 +6,8 @@ A static tree is a list of paths of child ranks, as EAGLE-1, Medusa, vLLM
 (0-based, the root excluded) sits at column j of the static layout. The chain of S steps is the
 tree ``((0,), (0, 0), .., (0,) * S)``. Everything here depends on the tree only, never on scores,
 so it is computed once; `draftgraph.runtime.topology.buffers` turns it into device tensors.
+It lives beside `config.py`, whose ``tree_choices`` it checks: the configuration's vocabulary,
+below every wing (topology/ builds on it, and nothing here imports a wing).
 """
 
 from __future__ import annotations
