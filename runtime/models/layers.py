@@ -8,8 +8,6 @@ engine's dummy slot: pad entries write there, so they never touch a live request
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -67,18 +65,16 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      write_slot: torch.Tensor, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Write k, v [B, T, Hk, d] at (write_slot, write_pos) [B, T], then attend q [B, T, Hq, d] over
     the first ``mask.shape[-1]`` cache positions of ``slots`` [B] under mask [B, T, Lk] (bool,
-    True = attend); scores are scaled by ``scale`` (None: 1 / sqrt(d)). Returns [B, T, Hq * d]."""
+    True = attend); scores are scaled by ``scale`` (None: 1 / sqrt(d)). Returns [B, T, Hq * d].
+
+    One fused ``scaled_dot_product_attention`` reads the cache's K/V heads as they are (grouped
+    query heads share them: no repeated copy); a row that attends nowhere (a pad row of the dummy
+    slot) comes out 0."""
     k_cache.index_put_((write_slot, write_pos), k)
     v_cache.index_put_((write_slot, write_pos), v)
     lk = mask.shape[-1]
-    keys = k_cache[slots, :lk]  # [B, Lk, Hk, d]
-    vals = v_cache[slots, :lk]
-    rep = q.shape[2] // keys.shape[2]
-    if rep > 1:
-        keys = keys.repeat_interleave(rep, dim=2)
-        vals = vals.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bthd,bshd->bhts", q, keys)
-    s = s / math.sqrt(q.shape[-1]) if scale is None else s * scale
-    s = s.masked_fill(~mask.unsqueeze(1), float("-inf"))
-    out = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), vals)
-    return out.flatten(2)
+    keys = k_cache[slots, :lk].transpose(1, 2)  # [B, Hk, Lk, d]
+    vals = v_cache[slots, :lk].transpose(1, 2)
+    out = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask.unsqueeze(1),
+                                                     scale=scale, enable_gqa=q.shape[2] != keys.shape[1])
+    return out.transpose(1, 2).flatten(2)
