@@ -7,7 +7,9 @@ ATen's: measured on this CPU (torch 2.14, AVX512), ``x.sum(-1)``, ``x.pow(2).mea
 every shape tried, with ``cpp.simdlen`` None, 256 or 0 (scalar loops), and softmax also
 divides where ATen multiplies by the reciprocal. Everything else in the default models
 (matmuls, which inductor leaves to ATen; pow, rsqrt, silu, rope's mul/sub/cat, masks,
-gathers, index_put) compiled equals eager bitwise.
+gathers, index_put) compiled equals eager bitwise. Two elementwise functions do not: ``cos``
+and ``sin`` compiled differ from ATen's in the last bit (float32, a transformers model's RoPE
+table computed in its forward: measured on SmolLM2's positions), so they are kept on ATen too.
 
 `keep_aten_reductions` returns a copy of an aten graph in which those reductions call
 operators of the ``draftgraph_aten`` library instead: each one runs the very ATen kernel the
@@ -33,7 +35,7 @@ from torch import Tensor, fx
 
 __all__ = ["REWRITE_TAG", "keep_aten_reductions", "register_inductor_lowerings"]
 
-REWRITE_TAG = "aten-reductions-1"  # part of a stored entry's key: code compiled without it is not reused
+REWRITE_TAG = "aten-reductions-2"  # part of a stored entry's key: code compiled without it is not reused
 
 _aten = torch.ops.aten
 _SOFTMAX = _aten._softmax.default  # noqa: SLF001  # ATen's operator names, not private members
@@ -69,6 +71,8 @@ _define("mean(Tensor x, int[]? dim, bool keepdim) -> Tensor",
         lambda x, dim, keepdim: _aten.mean.dim(x, dim, keepdim))
 _define("softmax(Tensor x, int dim) -> Tensor", lambda x, dim: _SOFTMAX(x, dim, False))
 _define("log_softmax(Tensor x, int dim) -> Tensor", lambda x, dim: _LOG_SOFTMAX(x, dim, False))
+_define("cos(Tensor x) -> Tensor", lambda x: _aten.cos.default(x))
+_define("sin(Tensor x) -> Tensor", lambda x: _aten.sin.default(x))
 
 _ops = torch.ops.draftgraph_aten
 
@@ -78,6 +82,8 @@ _KERNELS: dict[object, tuple[object, tuple]] = {
     _ops.mean.default: (_aten.mean.dim, ()),
     _ops.softmax.default: (_SOFTMAX, (False,)),
     _ops.log_softmax.default: (_LOG_SOFTMAX, (False,)),
+    _ops.cos.default: (_aten.cos.default, ()),
+    _ops.sin.default: (_aten.sin.default, ()),
 }
 
 
@@ -122,11 +128,13 @@ _REWRITES: dict[object, tuple[object, Callable[[tuple, dict], tuple | None]]] = 
     _aten.mean.dim: (_ops.mean.default, _dim_args),
     _SOFTMAX: (_ops.softmax.default, _softmax),
     _LOG_SOFTMAX: (_ops.log_softmax.default, _softmax),
+    _aten.cos.default: (_ops.cos.default, lambda args, kwargs: (args[0],)),
+    _aten.sin.default: (_ops.sin.default, lambda args, kwargs: (args[0],)),
 }
 
 
 def keep_aten_reductions(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
-    """A copy of the aten graph ``gm`` whose sums, means, softmax and log-softmax call ATen's
+    """A copy of the aten graph ``gm`` whose sums, means, softmax, log-softmax, cos and sin call ATen's
     kernels opaquely (see the module docstring), and how many nodes were rewritten (0: the
     copy is ``gm`` itself)."""
     plan = []
