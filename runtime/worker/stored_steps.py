@@ -24,18 +24,28 @@ from draftgraph.runtime.compile_store import default_compile_store
 from draftgraph.runtime.config import chain_capacity
 from draftgraph.runtime.worker.state import RuntimeState
 
-__all__ = ["code_digest", "compiled_unit_seconds", "phase_stored_code", "source_counts", "stored_code"]
+__all__ = ["code_digest", "code_sources", "compiled_unit_seconds", "phase_stored_code", "source_counts", "stored_code"]
+
+
+def _package_root() -> Path:
+    """The folder holding ``runtime`` and ``graphs`` (this file is runtime/worker/stored_steps.py)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def code_sources() -> list[Path]:
+    """Every ``.py`` file of draftgraph's ``runtime`` and ``graphs`` packages, sorted (what the
+    stored code's key hashes: a change anywhere in them, models included, compiles anew)."""
+    return [p for name in ("runtime", "graphs") for p in sorted((_package_root() / name).rglob("*.py"))]
 
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """SHA-256 over draftgraph's ``runtime`` and ``graphs`` sources (names and bytes)."""
+    """SHA-256 over `code_sources` (names relative to the package root, and bytes)."""
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for root in (here, here.parent / "graphs"):
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root.parent)).encode())
-            h.update(path.read_bytes())
+    root = _package_root()
+    for path in code_sources():
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 

@@ -336,3 +336,14 @@ def test_a_step_inductor_cannot_save_is_stored_as_its_recorded_graph(tmp_path, m
     assert second.counters.graph_replays == 1
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def test_the_code_key_covers_every_source_of_runtime_and_graphs():
+    """The stored code's key hashes the models, the engine and graphs/ too, not only the worker's
+    own folder (it once looked for graphs/ beside worker/ and hashed runtime/worker alone)."""
+    root = Path(stored_steps.__file__).resolve().parents[2]
+    names = {str(p.relative_to(root)) for p in stored_steps.code_sources()}
+    for want in ("runtime/models/layers.py", "runtime/engine/engine.py", "runtime/worker/stored_steps.py",
+                 "graphs/manager.py", "graphs/__init__.py"):
+        assert want in names, want
+    assert len(names) == len(list((root / "runtime").rglob("*.py"))) + len(list((root / "graphs").rglob("*.py")))
