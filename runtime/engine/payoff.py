@@ -19,6 +19,12 @@ a head is often smaller than "expected acceptance + 1"; measured here on SmolLM2
 shipped head, 1 request): S = 1 25.2, S = 2 22.5, S = 4 14.5 tokens per CPU-second against
 22.2 plain. Probes then visit the other kinds in turn.
 
+With graph phases (the host's verify / extend captured), plain steps serve from a target-only
+state of their own (`PlainSteps`: the width-1 verify and extend graphs, `build_target_state`),
+made active for each plain step and left for the speculative state at the next speculative one,
+so a plain step never runs its verify eagerly beside graphs (measured on SmolLM2 q4, compile
+backend: a compiled width-1 verify 15.7 ms against 26 ms eager).
+
 Tokens never change: every step, plain or speculative, emits the target's own tokens (the
 verify is lossless), so only speed depends on the clock. It is the engine's choice on one
 process: a rank group needs the same step on every rank and keeps its schedule's bands instead.
@@ -31,10 +37,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PayoffGate"]
+__all__ = ["PayoffGate", "PlainSteps"]
 
 
 SPECULATIVE = -1  # the kind "the inner policy's own S" (an inner policy that cannot serve a given S)
+
+
+class PlainSteps:
+    """The target-only ``state`` a plain step serves from on ``worker`` (see the module
+    docstring): `activate` makes it active and remembers the state it replaced, `restore` puts
+    that one back (for an inner policy that does not switch states itself)."""
+
+    def __init__(self, worker: Any, state: Any) -> None:
+        self.worker, self.state = worker, state
+        self._before: Any = None
+
+    def activate(self) -> None:
+        if self.worker.state is not self.state:
+            self._before = self.worker.state
+            self.worker.apply_runtime_state(self.state)
+
+    def restore(self) -> None:
+        if self.worker.state is self.state and self._before is not None:
+            self.worker.apply_runtime_state(self._before)
+
+    def release(self) -> None:
+        """Release the state's graphs unless it is the active one."""
+        if self.worker.state is not self.state:
+            self.state.release()
 
 
 @dataclass
@@ -58,16 +88,18 @@ class PayoffGate:
 
     In each band: ``warmup`` steps of each speculative kind first (the largest S first), then
     ``warmup`` plain ones; afterwards the fastest kind by EMA (weight ``alpha``), another one
-    (in turn) every ``probe_every`` steps."""
+    (in turn) every ``probe_every`` steps. ``plain``: the state plain steps serve from (None:
+    the active state, its verify eager)."""
 
     def __init__(self, inner: Any, probe_every: int = 16, alpha: float = 0.25, warmup: int = 3,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, plain: PlainSteps | None = None) -> None:
         for name, value in (("probe_every", probe_every), ("warmup", warmup)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an int >= 1")
         if not 0.0 < float(alpha) <= 1.0:
             raise ValueError(f"alpha={alpha!r}: must be in (0, 1]")
         self.inner = inner
+        self.plain = plain
         self.probe_every, self.alpha, self.warmup = probe_every, float(alpha), warmup
         self._clock = clock
         servable = callable(getattr(inner, "serve", None)) and hasattr(inner, "candidate_steps")
@@ -110,7 +142,11 @@ class PayoffGate:
         self.served[kind] += 1
         self._open, self._started, self._accepted = (band, kind), self._clock(), 0.0
         if kind == 0:
+            if self.plain is not None:
+                self.plain.activate()
             return 0
+        if self.plain is not None:
+            self.plain.restore()
         if kind == SPECULATIVE:
             return self.inner.begin(batch_size)
         self.inner.serve(kind)
@@ -121,10 +157,12 @@ class PayoffGate:
         self.inner.observe(accepted)
 
     def states(self) -> list[Any]:
-        return self.inner.states()
+        return self.inner.states() + ([self.plain.state] if self.plain is not None else [])
 
     def release(self) -> None:
         self.inner.release()
+        if self.plain is not None:
+            self.plain.release()
 
     def as_dict(self) -> dict[str, Any]:
         """The inner policy's figures and ``payoff``: steps by kind (``steps_by_s``, the

@@ -21,7 +21,7 @@ from draftgraph.runtime import AdaptiveStepController, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
 from draftgraph.runtime.worker import DraftWorker
 
-from .payoff import PayoffGate
+from .payoff import PayoffGate, PlainSteps
 from .scheduling import BandScheduler
 
 __all__ = ["AdaptivePolicy", "FixedPolicy", "StepPolicy", "build_policy"]
@@ -105,7 +105,8 @@ def build_policy(worker: DraftWorker, args: RuntimeArgs, schedule: SpeculationSc
     """The policy for what ``worker`` serves now under ``args``: the schedule's bands when there is
     a schedule, else an adaptive controller over ``adaptive_steps`` (chains and dynamic trees
     whose N fits; a static tree's depth is fixed), else the fixed spec; a 0 among
-    ``adaptive_steps`` puts that policy behind a `PayoffGate`. A backend that captures nothing
+    ``adaptive_steps`` puts that policy behind a `PayoffGate` (its plain steps from a target-only
+    state of their own when the worker captures the host's phases). A backend that captures nothing
     (eager) gets no capture sizes."""
     eager = not capabilities(backend).captures
     if schedule is not None:
@@ -118,7 +119,11 @@ def build_policy(worker: DraftWorker, args: RuntimeArgs, schedule: SpeculationSc
             raise ValueError(f"adaptive_steps={list(adaptive_steps)}: 0 (plain steps when speculation does not pay, "
                              f"chosen by this process's clock) cannot serve a rank group; give a schedule instead")
         inner = build_policy(worker, args, None, [s for s in adaptive_steps if s], backend, background)
-        return PayoffGate(inner)
+        plain = None
+        if not eager and worker.capture.phase_provider is not None:  # plain steps from their own phases
+            sizes = capture_batch_sizes(args.decode, limit=args.max_running_requests)
+            plain = PlainSteps(worker, worker.build_target_state(sizes, backend, background=background))
+        return PayoffGate(inner, plain=plain)
     spec = worker.spec
     if not adaptive_steps or spec.tree_choices is not None:
         return FixedPolicy(worker)

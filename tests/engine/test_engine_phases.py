@@ -394,3 +394,24 @@ def test_a_draft_refit_reaches_the_captured_extend_graphs():
         eager.close()
         with torch.no_grad():  # the head is shared by every test of this process
             head.load_state_dict(original)
+
+
+def test_the_payoff_gate_serves_plain_steps_from_their_own_width_1_graphs():
+    """Behind the gate (adaptive 0), a plain step serves from a target-only state's width-1
+    verify and extend graphs, not an eager verify beside the graphs; tokens stay greedy."""
+    engine = _engine(SpeculativeConfig(2, 1), adaptive_steps=(0, 1, 2))
+    try:
+        plain = engine.policy.plain
+        assert plain is not None and plain.state.target_only
+        assert engine.generate([list(p) for p in prompts()], MAX_NEW) == reference()
+        st = engine.stats()
+        figures = plain.state.phases.describe()
+        assert set(figures) == {"verify@128", "verify@512", "extend@128", "extend@512"}
+        for name, manager in plain.state.phases.managers.items():
+            assert manager.static_inputs["tokens" if name.startswith("verify") else "hidden"].shape[1] == 1, name
+        replays = figures["verify@128"]["replays"] + figures["verify@512"]["replays"]
+        assert st["payoff"]["plain_steps"] >= 3 and replays >= st["payoff"]["plain_steps"] - \
+            st["phases"]["verify"]["eager_steps_by_reason"].get("above_max", 0)
+        assert replays > 0
+    finally:
+        engine.close()
