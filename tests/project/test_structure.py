@@ -82,7 +82,6 @@ FOLDER_EDGES_ALLOWED: dict[tuple[str, str], str] = {
     ("draftgraph.graphs", "draftgraph.graphs.compile"):
         "the registry (backends.py) builds the compile backend and the manager/graph set take its "
         "StoredCode; the compile wing builds on graphs/' trace backend and protocol",
-    ("draftgraph.runtime", "draftgraph.runtime.commands"): "entry.py, the command's front door, calls commands/cli.py",
 }
 
 
@@ -102,6 +101,27 @@ def test_the_folder_check_sees_a_loop_between_folders(tmp_path):
     assert find_cycle(_folder_edges(graph)) in (["pkg.x", "pkg.y", "pkg.x"], ["pkg.y", "pkg.x", "pkg.y"])
     (root / "y" / "c.py").write_text("")
     assert find_cycle(_folder_edges(folder_graph(modules(root, "pkg")))) is None
+
+
+def test_a_main_module_is_its_own_node_and_a_planted_loop_beside_it_still_fails(tmp_path):
+    """x/__main__.py (run by ``python -m``, imported by none) may import y/, which imports x/;
+    the same import from any other module of x/ is a loop."""
+    root = _plant(tmp_path, {"x/__init__.py": "", "x/__main__.py": "from pkg.y import b\n", "x/d.py": "",
+                             "y/__init__.py": "", "y/b.py": "", "y/c.py": "from ..x import d\n"})
+    graph = folder_graph(modules(root, "pkg"))
+    assert graph["pkg.x.__main__"] == {"pkg.y": [("pkg.x.__main__", "pkg.y.b")]}
+    assert find_cycle(_folder_edges(graph)) is None
+    (root / "x" / "a.py").write_text("from pkg.y import b\n")
+    assert find_cycle(_folder_edges(folder_graph(modules(root, "pkg")))) in (
+        ["pkg.x", "pkg.y", "pkg.x"], ["pkg.y", "pkg.x", "pkg.y"])
+
+
+def test_no_module_imports_a_main_module():
+    """What lets a ``__main__`` module be a node of its own: nothing in the package imports one."""
+    graph = import_graph(_package_modules())
+    assert "draftgraph.runtime.__main__" in graph  # the check sees the one there is
+    assert {m: sorted(d for d in deps if d.endswith(".__main__")) for m, deps in graph.items()
+            if any(d.endswith(".__main__") for d in deps)} == {}
 
 
 def test_no_loop_between_folders():
