@@ -46,7 +46,7 @@ _HOMES: dict[str, str] = {
     "PhaseGraphConfig": "config",
     "RELOAD_POLICIES": "worker.reload",
     "RankCoordinator": "ranks.coordinator",
-    "ReloadError": "worker.reload",
+    "ReloadError": "worker.reload_types",
     "RuntimeArgs": "config",
     "RuntimeState": "worker.state",
     "SamplingParams": "sampling.params",
