@@ -52,7 +52,7 @@ def compile_process() -> bool:
 
 def draft_checks() -> bool:
     """``DRAFTGRAPH_DEBUG`` for the draft checks: the one parser graphs/ reads it with
-    (`graphs.settings.debug_enabled`), so a value switches both sets of checks alike."""
+    (`graphs.core.settings.debug_enabled`), so a value switches both sets of checks alike."""
     return debug_enabled()
 
 
