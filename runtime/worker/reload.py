@@ -167,7 +167,8 @@ class Reloads:
     @property
     def capturing_state(self) -> Any:
         """The state a background `commit` is capturing aside (not serving yet), or None."""
-        return self._capturing[1].state if self._capturing is not None else None
+        held = self._capturing  # read once: the serving thread may clear it meanwhile
+        return held[1].state if held is not None else None
 
     def _commit_background(self, request: ReloadRequest, backend: str | None, graphs: bool,
                            land: bool) -> CommitStatus:
