@@ -6,10 +6,10 @@ Knows nothing about speculative decoding; ``draftgraph.runtime`` builds on it.
 from __future__ import annotations
 
 from .backends import BACKEND_NAMES, Capabilities, capabilities, resolve_backend
+from .core.errors import GraphCaptureError, GraphDebugError
+from .core.protocol import CapturedGraph, GraphBackend
 from .debug import DEFAULT_DEBUG_EVERY, DebugConfig
-from .errors import GraphCaptureError, GraphDebugError
 from .manager import MISS_REASONS, GraphCaptureManager, Miss
-from .protocol import CapturedGraph, GraphBackend
 from .replay import ReplayPlan, StepOutput
 from .sizes import (
     DEFAULT_MAX_BS,

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .hostsync import HostSyncGuard
-from .protocol import CompilesNothing, FlatStep, check_outputs
+from .core.hostsync import HostSyncGuard
+from .core.protocol import CompilesNothing, FlatStep, check_outputs
 
 __all__ = ["CudaBackend", "CudaGraph", "count_graph_nodes"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .protocol import CapturedGraph, CompilesNothing, FlatStep
+from .core.protocol import CapturedGraph, CompilesNothing, FlatStep
 
 __all__ = ["EagerBackend"]
 

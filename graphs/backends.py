@@ -1,7 +1,7 @@
 """The backend registry: names, ``resolve_backend``, what each backend can do (`capabilities`)
 and the ``make_backend`` factory.
 
-The protocol every backend implements lives in ``protocol``; this module only picks and builds
+The protocol every backend implements lives in ``core.protocol``; this module only picks and builds
 one, so it imports the backend modules and none of them imports it. It is the one place that
 compares a backend's name: everywhere else the code asks `capabilities` (captures, compiled
 code, device replay, stored code), which each backend class declares (`GraphBackend`).
@@ -16,11 +16,11 @@ import torch
 
 from .backend_cuda import CudaBackend
 from .backend_eager import EagerBackend
-from .backend_trace import TraceBackend
 from .compile.backend import CompileBackend
 from .compile.entry import StoredCode
 from .compile.inductor import compiler_available
-from .protocol import GraphBackend
+from .core.backend_trace import TraceBackend
+from .core.protocol import GraphBackend
 
 __all__ = ["BACKEND_NAMES", "Capabilities", "backend_class", "capabilities", "make_backend", "resolve_backend"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .errors import GraphDebugError
-from .settings import DEFAULT_DEBUG_EVERY, debug_enabled, debug_every
+from .core.errors import GraphDebugError
+from .core.settings import DEFAULT_DEBUG_EVERY, debug_enabled, debug_every
 
 __all__ = ["DEFAULT_DEBUG_EVERY", "DebugConfig", "check_data_ptrs", "compare_outputs"]
 

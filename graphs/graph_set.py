@@ -29,8 +29,8 @@ import torch
 from .backends import backend_class, capabilities, make_backend
 from .capture_share import CaptureShare
 from .compile.entry import StoredCode
-from .errors import GraphCaptureError
-from .protocol import CapturedGraph, GraphBackend, check_outputs
+from .core.errors import GraphCaptureError
+from .core.protocol import CapturedGraph, GraphBackend, check_outputs
 from .spans import span, suppress_spans
 from .static import StaticInputs
 from .stats import CaptureRecord

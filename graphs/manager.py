@@ -33,9 +33,9 @@ from torch import Tensor
 from .backends import Capabilities, capabilities, resolve_backend
 from .capture_share import CaptureShare
 from .compile.entry import StoredCode
+from .core.protocol import CapturedGraph, GraphBackend
 from .debug import DebugConfig
 from .graph_set import GraphSet
-from .protocol import CapturedGraph, GraphBackend
 from .replay import Replayer, ReplayPlan, StepOutput
 from .sizes import padded_size, padding_table
 from .static import PadValue, StaticInputs

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from .core.protocol import CapturedGraph, flatten_outputs
 from .debug import DebugConfig, check_data_ptrs, compare_outputs
 from .graph_set import GraphSet
-from .protocol import CapturedGraph, flatten_outputs
 from .spans import span
 from .static import LoadPlan, StaticInputs
 from .stats import ReplayCounters, SizeUsage

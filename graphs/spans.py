@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .settings import nvtx_requested
+from .core.settings import nvtx_requested
 
 try:  # the NVTX package is optional at run time; without it NVTX stays off
     import nvtx as _nvtx

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from .protocol import flatten_outputs
+from .core.protocol import flatten_outputs
 
 __all__ = ["StepCalls"]
 

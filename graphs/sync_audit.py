@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .hostsync import HOST_SYNC_METHODS, HOST_SYNC_OP, HostSyncGuard
+from .core.hostsync import HOST_SYNC_METHODS, HOST_SYNC_OP, HostSyncGuard
 
 __all__ = ["SYNC_OPS", "count_host_syncs", "no_host_sync"]
 

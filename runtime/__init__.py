@@ -24,7 +24,7 @@ test model and input maker are in `runtime.testing`.
 Importing the package loads nothing else (PEP 562: each name is imported on first use), so
 ``import draftgraph.runtime`` changes no process state and loads no torch; the ``draftgraph``
 command's own set-up (SIGHUP held, torch's NumPy notice dropped) is in its entry,
-`draftgraph.runtime.entry.main`.
+`draftgraph.runtime.commands.entry.main`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _HOMES: dict[str, str] = {
     "PhaseGraphConfig": "config",
     "RELOAD_POLICIES": "worker.reload",
     "RankCoordinator": "ranks.coordinator",
-    "ReloadError": "worker.reload",
+    "ReloadError": "worker.reload_types",
     "RuntimeArgs": "config",
     "RuntimeState": "worker.state",
     "SamplingParams": "sampling.params",

@@ -9,7 +9,7 @@ Two things only the command wants, never a library import:
   (it is not a dependency), so after a plain ``pip install`` every command, ``--help``
   included, printed a line nobody can act on.
 
-`prepare_console` does both for a command line. The command's entry, `draftgraph.runtime.entry.main`
+`prepare_console` does both for a command line. The command's entry, `draftgraph.runtime.commands.entry.main`
 (the console script, ``python -m draftgraph.runtime``), calls it before it imports the command,
 whose imports load torch: both have to be in place before torch loads (the notice is printed by
 ``import torch``, and a SIGHUP in the one to two seconds of that import would end the process).

@@ -1,7 +1,7 @@
 """Every ``DRAFTGRAPH_*`` environment variable draftgraph reads, typed and documented, in one place.
 
 runtime/ reads its variables only through the readers here; graphs/ reads its own through
-`draftgraph.graphs.settings` (graphs/ imports nothing from runtime/), and `Settings` holds both.
+`draftgraph.graphs.core.settings` (graphs/ imports nothing from runtime/), and `Settings` holds both.
 Each reader runs when its value is needed, never at import time (a command or a test may set a
 variable first); a junk value raises ValueError naming the variable where it is read, as
 before. `read_settings` reads them all at once for a report (``draftgraph info``).
@@ -14,10 +14,10 @@ before. `read_settings` reads them all at once for a report (``draftgraph info``
 | ``DRAFTGRAPH_COMPILED_DIR`` | folder, ``$DRAFTGRAPH_CACHE/compiled`` | where the store keeps compiled code |
 | ``DRAFTGRAPH_COMPILED_MAX_MB`` | MiB in (0, 2**30], 512 | the store's size cap |
 | ``DRAFTGRAPH_TARGET`` | "smollm2" / "toy" / folder or id, "smollm2" | the commands' target without ``--target`` |
-| graphs/' variables | see `draftgraph.graphs.settings` | ``_DEBUG``, ``_DEBUG_EVERY``, ``_NVTX``, |
+| graphs/' variables | see `draftgraph.graphs.core.settings` | ``_DEBUG``, ``_DEBUG_EVERY``, ``_NVTX``, |
 | | | ``_TRACE_REPLAY``, ``_COMPILE_SYMBOLIC``, ``_CACHE`` |
 
-``DRAFTGRAPH_CACHE`` is read in one place, `draftgraph.graphs.settings.cache_root`, which the
+``DRAFTGRAPH_CACHE`` is read in one place, `draftgraph.graphs.core.settings.cache_root`, which the
 models' cache (`models.defaults.model_cache_dir`) and the compiled-code store both call.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from draftgraph.graphs.settings import GraphSettings, cache_root, debug_enabled
+from draftgraph.graphs.core.settings import GraphSettings, cache_root, debug_enabled
 
 __all__ = ["DEFAULT_COMPILED_MAX_BYTES", "DEFAULT_TARGET", "default_target",
            "MAX_COMPILED_CAP_MB", "Settings", "compile_process", "compiled_dir",
@@ -52,7 +52,7 @@ def compile_process() -> bool:
 
 def draft_checks() -> bool:
     """``DRAFTGRAPH_DEBUG`` for the draft checks: the one parser graphs/ reads it with
-    (`graphs.settings.debug_enabled`), so a value switches both sets of checks alike."""
+    (`graphs.core.settings.debug_enabled`), so a value switches both sets of checks alike."""
     return debug_enabled()
 
 

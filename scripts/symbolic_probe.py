@@ -23,9 +23,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from draftgraph.graphs.backend_trace import record_graph
 from draftgraph.graphs.compile.compare import copies, lift_constants
 from draftgraph.graphs.compile.inductor import use_cache_dir
+from draftgraph.graphs.core.backend_trace import record_graph
 from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.models import default_models
 

@@ -31,10 +31,10 @@ from typing import Any
 
 from torch import Tensor
 
-from ..backend_trace import TraceBackend, TraceGraph
-from ..cancel import CaptureCancelled, cancel_requested
-from ..errors import GraphCaptureError
-from ..protocol import FlatStep
+from ..core.backend_trace import TraceBackend, TraceGraph
+from ..core.cancel import CaptureCancelled, cancel_requested
+from ..core.errors import GraphCaptureError
+from ..core.protocol import FlatStep
 from .context import CompileContext
 from .entry import CompiledStore, StoredGraph
 from .inductor import prepare_background_compile

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from ..backend_trace import evict_fx_sources
+from ..core.backend_trace import evict_fx_sources
 
 __all__ = ["compare_on_copies", "compare_on_worlds", "copies", "first_difference", "isolated_world",
            "lift_constants", "shares_storage", "worlds_differ"]

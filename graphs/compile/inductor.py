@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from ..aten_reductions import register_inductor_lowerings
-from ..backend_trace import RECORD_LOCK, evict_fx_sources, fx_source_keys
-from ..settings import cache_root
+from ..core.aten_reductions import register_inductor_lowerings
+from ..core.backend_trace import RECORD_LOCK, evict_fx_sources, fx_source_keys
+from ..core.settings import cache_root
 from .entry import EntryError
 
 __all__ = ["ModuleLedger", "artifact_bytes", "compile_symbolic", "compiler_available", "forget_modules",

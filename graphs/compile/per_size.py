@@ -14,8 +14,8 @@ import logging
 import torch
 from torch import Tensor, fx
 
-from ..aten_reductions import keep_aten_reductions
-from ..backend_trace import RECORD_LOCK
+from ..core.aten_reductions import keep_aten_reductions
+from ..core.backend_trace import RECORD_LOCK
 from .compare import compare_on_copies, copies, lift_constants, shares_storage
 from .context import CompileContext
 from .inductor import fx_work, inductor_artifact, inductor_compile, load_artifact, use_cache_dir

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..backend_trace import TraceGraph
-from ..cancel import CaptureCancelled, cancel_requested
-from ..protocol import FlatStep
+from ..core.backend_trace import TraceGraph
+from ..core.cancel import CaptureCancelled, cancel_requested
+from ..core.protocol import FlatStep
 from .compare import copies, isolated_world, lift_constants
 from .entry import StoredGraph
 from .records import CompiledRunner

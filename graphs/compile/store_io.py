@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from ..aten_reductions import REWRITE_TAG
-from ..backend_trace import TraceGraph
+from ..core.aten_reductions import REWRITE_TAG
+from ..core.backend_trace import TraceGraph
 from .compare import lift_constants
 from .entry import (
     CompiledStore,

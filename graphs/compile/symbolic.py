@@ -22,12 +22,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, fx
 
-from ..aten_reductions import keep_aten_reductions
-from ..backend_trace import RECORD_LOCK, TraceGraph
-from ..cancel import CaptureCancelled, cancel_requested, check_cancelled
-from ..hostsync import HostSyncGuard
-from ..protocol import FlatStep
-from ..settings import compile_symbolic as symbolic_default
+from ..core.aten_reductions import keep_aten_reductions
+from ..core.backend_trace import RECORD_LOCK, TraceGraph
+from ..core.cancel import CaptureCancelled, cancel_requested, check_cancelled
+from ..core.hostsync import HostSyncGuard
+from ..core.protocol import FlatStep
+from ..core.settings import compile_symbolic as symbolic_default
 from .compare import compare_on_worlds, lift_constants, shares_storage
 from .context import CompileContext
 from .entry import StoredGraph

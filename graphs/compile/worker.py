@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from ..graph_wire import graph_from_wire, graph_to_wire
+from ..core.graph_wire import graph_from_wire, graph_to_wire
 from .inductor import artifact_bytes, compile_symbolic, inductor_artifact
 
 __all__ = ["CompileWorker", "CompileWorkerDied", "serve"]

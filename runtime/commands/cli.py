@@ -691,7 +691,7 @@ def _quiet_cpu_torch_notices() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The commands (``draftgraph`` runs `runtime.entry.main`, which sets the process up first and
+    """The commands (``draftgraph`` runs `commands.entry.main`, which sets the process up first and
     then calls this; a program calling this directly gets the same set-up here, after torch loaded)."""
     prepare_console(sys.argv[1:] if argv is None else argv)
     ap = _parser()

@@ -2,16 +2,15 @@
 
 Draft weights (copied in place), reloads (the boundary holds the request: checked by the
 worker's `Reloads.request`, from the engine, the worker's own `request_reload` or a signal
-handler; proposed to every rank under a coordinator; then one `Reloads.commit`), a reload
-prepared under background capture (swapped in once its graphs are ready, or dropped when one
-failed), step-boundary capture units (CUDA), the coordinator's per-step poll, and the step policy
-rebuilt for whatever the worker serves after a reload (DESIGN.md §14: one boundary for every
-change). A reload that fails leaves the previous state serving and is recorded.
+handler; proposed to every rank under a coordinator; then one `Reloads.commit`; under
+background capture the same call at each boundary until the worker swaps it in, once its graphs
+are ready, or drops it when one failed), step-boundary capture units (CUDA), the coordinator's
+per-step poll, and the step policy rebuilt for whatever the worker serves after a reload
+(DESIGN.md §14: one boundary for every change). A reload that fails leaves the previous state serving and is recorded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from draftgraph.graphs.spans import span
 from draftgraph.runtime import ReloadError, RuntimeArgs
 from draftgraph.runtime.schedule import SpeculationSchedule
-from draftgraph.runtime.worker import DraftWorker, PendingReload, PreparedState, ReloadRequest
+from draftgraph.runtime.worker import CommitStatus, DraftWorker, PendingReload, ReloadRequest
 
 from .policy import StepPolicy, build_policy
 from .stats import EngineStats
@@ -57,8 +56,8 @@ class StepBoundary:
         self.coordinator: Any = None
         self.served: list[int] = []  # generation served at every step (with a coordinator)
         self.pending = PendingReload()  # the request for the next boundary
-        self.prepared: PreparedState | None = None  # a reload waiting for its graphs
-        self.prepared_steps = 0  # boundaries the prepared reload has waited at
+        self.capturing: ReloadRequest | None = None  # a reload whose graphs the worker captures aside
+        self.capturing_steps = 0  # boundaries it has been committed at
         self._generation_seen = worker.generation
         self.policy: StepPolicy = self._new_policy()
         # one way in: every reload of this worker (the engine's, its own request_reload, a
@@ -86,10 +85,11 @@ class StepBoundary:
         self.policy = self._new_policy()
 
     def states(self) -> list[Any]:
-        """The active state, the policy's and a reload being prepared (no repeats)."""
+        """The active state, the policy's and a reload being captured aside (no repeats)."""
         found = [self.worker.state, *self.policy.states()]
-        if self.prepared is not None:
-            found.append(self.prepared.state)
+        capturing = self.worker.reloads.capturing_state
+        if capturing is not None:
+            found.append(capturing)
         out: list[Any] = []
         for s in found:
             if all(s is not o for o in out):
@@ -105,9 +105,8 @@ class StepBoundary:
                 if self.weights.apply_pending():
                     self.on_weights()
         self._take_reload()
-        if self.prepared is not None:
-            with span("commit_reload") if self.prepared.ready else contextlib.nullcontext():
-                self._commit_prepared()
+        if self.capturing is not None:
+            self._commit_capturing()
         queue = self.worker.capture.queue
         if self.background and not queue.threaded and queue.pending():
             self.worker.capture.run_pending(CUDA_CAPTURE_BUDGET_S)  # CUDA: units at step boundaries
@@ -136,8 +135,10 @@ class StepBoundary:
         request = self.pending.take()
         if request is None:
             return
-        if self.background:
-            self._prepare(request)
+        if self.background:  # committed at this boundary and the next ones (`_commit_capturing`)
+            self.capturing, self.capturing_steps = request, 0  # a newer one supersedes it
+            if request.policy == "release_first":
+                self.policy.release()
             return
         self.policy.release()
         with span("apply_reload"):
@@ -149,70 +150,40 @@ class StepBoundary:
                 self._follow(request.args)
         self._renew_policy()
 
-    def _prepare(self, request: ReloadRequest) -> None:
-        """Background capture: build the new state with queued graphs; ``release_first`` swaps
-        now (eager until ready), ``swap`` when they are ready (`_commit_prepared`)."""
-        if self.prepared is not None:  # a newer request supersedes one still capturing
-            self.worker.reloads.discard(self.prepared, f"superseded by a reload to {request.args.speculative}",
-                                       superseded=True)
-            self.prepared = None
-        self.prepared_steps = 0
-        policy = request.policy
-        if policy == "release_first":
-            self.policy.release()
-        try:
-            prepared = self.worker.reloads.prepare(request, backend=self.backend, background=True,
-                                                  graphs=not self.scheduled(request.args))
-        except ReloadError as exc:
-            self._rejected(exc)
-            if policy == "release_first":
-                self._renew_policy()
-            return
-        if policy == "release_first":
-            self._commit(prepared)
-        else:
-            self.prepared = prepared
-
-    def _commit(self, prepared: PreparedState) -> None:
-        self.policy.release()
-        try:
-            self.worker.reloads.commit(prepared)  # a stale one is discarded there
-        except ReloadError as exc:
-            self._rejected(exc)
-        else:
-            self._follow(prepared.args)
-        self._renew_policy()
-
     def _follow(self, args: RuntimeArgs) -> None:
         """The engine serves what its worker now serves."""
         self.args = args
         self._generation_seen = self.worker.generation
 
-    def _commit_prepared(self) -> None:
-        """Swap in a prepared reload whose graphs are all ready (or drop it when one of its
-        captures failed: build-then-swap stays transactional). One that waited
-        `MAX_PREPARE_STEPS` boundaries lands now, its missing sizes served eager until their
-        units (queued first now: the active state's) are done, counted: units the old state
-        still had pending are released with it, so a reload cannot wait behind them for ever."""
-        prepared = self.prepared
-        if prepared is None:
+    def _commit_capturing(self) -> None:
+        """Background capture: the held request's one call, `Reloads.commit` (the first builds
+        the state with queued graphs; ``release_first`` swaps it in then, eager until ready,
+        ``swap`` once its graphs are ready). One that waited `MAX_PREPARE_STEPS` boundaries
+        lands now, its missing sizes served eager until their units (queued first now: the
+        active state's) are done, counted: units the old state still had pending are released
+        with it, so a reload cannot wait behind them for ever. A failed capture drops it."""
+        request = self.capturing
+        if request is None:
             return
-        if not prepared.ready:
-            self.prepared_steps += 1
-            if self.prepared_steps < MAX_PREPARE_STEPS:
-                return
-            if not prepared.failed_sizes:
-                self.stats.add("reloads_landed_unready")
-                logger.warning("reload to %s lands before its graphs (%d boundaries waited): eager until ready",
-                               prepared.args.speculative, self.prepared_steps)
-        self.prepared = None
-        failed = prepared.failed_sizes
-        if failed:
-            reason = f"capture failed at sizes {sorted(failed)}: {next(iter(failed.values()))}"
-            self.worker.reloads.discard(prepared, reason)
-            self._rejected(ReloadError(reason))
+        self.capturing_steps += 1
+        try:
+            status = self.worker.reloads.commit(request, backend=self.backend, graphs=not self.scheduled(request.args),
+                                                background=True, land=self.capturing_steps >= MAX_PREPARE_STEPS)
+        except ReloadError as exc:
+            self.capturing = None
+            self._rejected(exc)
+            if request.policy == "release_first":  # its policy was released when it was taken
+                self._renew_policy()
             return
-        self._commit(prepared)
+        if status is CommitStatus.HOLDING:
+            return
+        self.capturing = None
+        if status is CommitStatus.LANDED_UNREADY:
+            self.stats.add("reloads_landed_unready")
+            logger.warning("reload to %s lands before its graphs (%d boundaries waited): eager until ready",
+                           request.args.speculative, self.capturing_steps)
+        self._follow(request.args)
+        self._renew_policy()
 
     def _rejected(self, exc: BaseException) -> None:
         """Logged; the worker's log holds its record."""

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from draftgraph.graphs.settings import cache_root
+from draftgraph.graphs.core.settings import cache_root
 
 from ..private_dir import UnsafeFolderError, create_exclusive, open_lock, private_dir, read_regular
 from .corpus import load_corpus

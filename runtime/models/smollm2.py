@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftgraph.graphs.settings import cache_root
+from draftgraph.graphs.core.settings import cache_root
 
 from ..private_dir import open_lock
 

@@ -14,14 +14,15 @@ from .host_phases import GraphStep, phase_totals
 from .kind import WorkerKind
 from .multi_layer import MultiLayerEagleDraftWorker
 from .phase_key import PhaseKey
-from .reload import RELOAD_POLICIES, PreparedState, ReloadError
+from .reload import RELOAD_POLICIES
+from .reload_types import CommitStatus, PreparedState, ReloadError
 from .state import EAGER_REASONS, DraftCounters, RuntimeState, StateStats
 from .state_slot import PendingReload, ReloadRequest
 from .stored_steps import compiled_unit_seconds, source_counts
 from .weights import StaleWeightsError, WeightRefit
 
-__all__ = ["AdaptiveStepController", "DraftCounters", "DraftWorker", "EAGER_REASONS", "EagleDraftWorker",
-           "EagleDraftWorkerBase", "GraphStep", "MultiLayerEagleDraftWorker", "PendingReload", "PhaseKey",
-           "PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadRequest", "RuntimeState", "StaleWeightsError",
-           "StateStats", "WeightRefit", "WorkerKind", "compiled_unit_seconds", "phase_totals", "read_consistent",
-           "source_counts"]
+__all__ = ["AdaptiveStepController", "CommitStatus", "DraftCounters", "DraftWorker", "EAGER_REASONS",
+           "EagleDraftWorker", "EagleDraftWorkerBase", "GraphStep", "MultiLayerEagleDraftWorker", "PendingReload",
+           "PhaseKey", "PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadRequest", "RuntimeState",
+           "StaleWeightsError", "StateStats", "WeightRefit", "WorkerKind", "compiled_unit_seconds", "phase_totals",
+           "read_consistent", "source_counts"]

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from draftgraph.graphs import GraphCaptureError
-from draftgraph.graphs.cancel import cancel_scope
+from draftgraph.graphs.core.cancel import cancel_scope
 from draftgraph.runtime.worker.state import RuntimeState
 
 __all__ = ["CaptureQueue"]
@@ -310,7 +310,7 @@ class CaptureQueue:
         """`stop` at interpreter exit, quickly and quietly: pending units are cancelled unlogged,
         ``interrupt_at_exit`` (the worker ends its compile processes there, so a unit waiting on a
         compile returns at once, and none compiles here instead) is called, and a unit still
-        recording is cancelled at its next torch call (`graphs.cancel`) and waited for up to
+        recording is cancelled at its next torch call (`graphs.core.cancel`) and waited for up to
         `EXIT_WAIT_S` (then it is left behind as a daemon thread: the store's
         writes are whole files renamed into place, so a cut-off one leaves no entry); no wait
         when a stop already gave up on the thread."""

@@ -18,7 +18,7 @@ import torch
 from draftgraph.runtime.config import RuntimeArgs, SpeculativeConfig
 from draftgraph.runtime.draft_io import DraftResult
 from draftgraph.runtime.worker.host_phases import GraphStep, PhaseProvider
-from draftgraph.runtime.worker.reload import PreparedState, ReloadHost
+from draftgraph.runtime.worker.reload_types import CommitStatus, PreparedState, ReloadHost
 from draftgraph.runtime.worker.state import RuntimeState
 from draftgraph.runtime.worker.state_slot import ReloadRequest
 
@@ -70,8 +70,13 @@ class ReloadsFace(Protocol):
         """Build the new state aside."""
 
     def commit(self, prepared: PreparedState | ReloadRequest, *, backend: str | None = None,
-               graphs: bool = True) -> None:
-        """Swap it in (a request: build, then swap)."""
+               graphs: bool = True, background: bool = False, land: bool = False) -> CommitStatus:
+        """Swap it in (a request: build, then swap; ``background``: called again each boundary
+        until its graphs are ready, ``HOLDING`` meanwhile)."""
+
+    @property
+    def capturing_state(self) -> Any:
+        """The state a background commit is capturing aside, or None."""
 
     def discard(self, prepared: PreparedState, reason: str, *, superseded: bool = False) -> None:
         """Release a prepared state, recording why."""

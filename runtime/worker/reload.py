@@ -27,129 +27,26 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from draftgraph.graphs import span
 from draftgraph.runtime.config import RuntimeArgs
 from draftgraph.runtime.validation import ConfigTypeError
+from draftgraph.runtime.worker.reload_log import ReloadLog
+from draftgraph.runtime.worker.reload_types import CommitStatus, PreparedState, ReloadError, ReloadHost, StateFactory
 from draftgraph.runtime.worker.state_slot import ReloadRequest, StateSlot
 
 if TYPE_CHECKING:
     from draftgraph.runtime.worker.budget import StateBudget
-    from draftgraph.runtime.worker.state import RuntimeState
     from draftgraph.runtime.worker.state_capture import StateCapture
 
-__all__ = ["PreparedState", "RELOAD_POLICIES", "ReloadError", "ReloadHost", "ReloadLog",
-           "ReloadRequest", "Reloads", "StateFactory"]
+__all__ = ["RELOAD_POLICIES", "Reloads"]
 
 logger = logging.getLogger(__name__)
 
 RELOAD_POLICIES = ("swap", "release_first")
-
-
-class ReloadError(RuntimeError):
-    """A reload failed; the cause is chained and the worker state is described in the message."""
-
-
-class StateFactory(Protocol):
-    """What a worker gives its `Reloads`: its own args rules and a new state (no graphs)."""
-
-    def check_args(self, args: RuntimeArgs) -> None:
-        """Refuse args this worker cannot serve (ValueError / TypeError naming the field)."""
-
-    def new_state(self, args: RuntimeArgs, generation: int) -> RuntimeState:
-        """A complete state for ``args`` at ``generation`` (its budget already checked)."""
-
-
-class ReloadHost(Protocol):
-    """Who drives the worker's steps (the engine's step boundary): it holds the requests."""
-
-    name: str
-
-    def hold_reload(self, request: ReloadRequest) -> ReloadRequest | None:
-        """Keep ``request`` for the next step boundary; the request it supersedes, if any."""
-
-    def reload_stamp(self) -> tuple[int, int]:
-        """(epoch, step) stamped on each record: the host's statistics since its last reset."""
-
-
-@dataclass(frozen=True)
-class PreparedState:
-    """A state built aside by `Reloads.prepare`: not serving until committed."""
-
-    args: RuntimeArgs
-    policy: str
-    state: Any
-    generation: int  # the worker's generation it was prepared against
-    start: float  # perf_counter at the start of the prepare
-
-    @property
-    def ready(self) -> bool:
-        """True when no capture unit of the new state is pending (always, unless prepared with
-        ``background=True``)."""
-        graphs = self.state.graphs
-        return graphs is None or not graphs.pending_sizes
-
-    @property
-    def failed_sizes(self) -> dict[int, str]:
-        """Sizes whose queued capture failed (they would serve eager)."""
-        graphs = self.state.graphs
-        return graphs.failed_sizes if graphs is not None else {}
-
-
-class ReloadLog:
-    """Reload outcomes of one worker: totals for its whole life (requested, applied, failed,
-    superseded) and the records of the latest ``keep`` reloads only, so a long-running server
-    does not grow. ``stamp`` (a host's: `ReloadHost.reload_stamp`) gives each record its epoch
-    and step; `recent` lists the records of one epoch without it."""
-
-    __slots__ = ("failed", "history", "requested", "succeeded", "superseded")
-
-    def __init__(self, keep: int = 64) -> None:
-        self.history: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.requested = 0  # reloads counted: opened, or ended without opening
-        self.succeeded = 0  # applied
-        self.failed = 0
-        self.superseded = 0  # replaced by a newer request before they were applied
-
-    def opened(self) -> None:
-        """A reload's transaction starts (counted here, once)."""
-        self.requested += 1
-
-    def record(self, policy: str, start: float, ok: bool, error: str | None, state: Any = None, *,
-               stamp: tuple[int, int] | None = None) -> None:
-        """Keep the outcome of one opened reload (counted when it opened)."""
-        if ok:
-            self.succeeded += 1
-        else:
-            self.failed += 1
-        record: dict[str, Any] = {
-            "policy": policy, "seconds": time.perf_counter() - start, "ok": ok, "error": error,
-            "capture_s": state.capture_s if state is not None else 0.0,
-            "capture_bytes": state.capture_bytes if state is not None else 0,
-        }
-        if stamp is not None:
-            record["epoch"], record["step"] = stamp
-        self.history.append(record)
-
-    def count_superseded(self, opened: bool) -> None:
-        """One reload replaced by a newer one (``opened=False``: before it was taken)."""
-        if not opened:
-            self.requested += 1
-        self.superseded += 1
-
-    def recent(self, epoch: int) -> list[dict[str, Any]]:
-        """The records stamped with ``epoch`` (a host's statistics since its last reset), each
-        with its ``step``."""
-        return [{k: v for k, v in r.items() if k != "epoch"} for r in self.history if r.get("epoch") == epoch]
-
-    def totals(self) -> dict[str, int]:
-        """Lifetime counts: requested, applied, failed, superseded."""
-        return {"requested": self.requested, "applied": self.succeeded, "failed": self.failed,
-                "superseded": self.superseded}
 
 
 class Reloads:
@@ -163,6 +60,7 @@ class Reloads:
         self._capture = capture
         self._host: ReloadHost | None = None
         self._host_checks: tuple[Callable[[RuntimeArgs], None], ...] = ()
+        self._capturing: tuple[ReloadRequest, PreparedState] | None = None  # a background commit's build
 
     def add_check(self, check: Callable[[RuntimeArgs], None]) -> None:
         """Add a host's own limit (a drafter's layer count, an engine's widest tree) to `check`:
@@ -242,17 +140,64 @@ class Reloads:
             return self._build(request, backend, background, graphs)
 
     def commit(self, prepared: PreparedState | ReloadRequest, *, backend: str | None = None,
-               graphs: bool = True) -> None:
+               graphs: bool = True, background: bool = False, land: bool = False) -> CommitStatus:
         """Swap a prepared state in (O(1), no capture) and release the old one; given a checked
         `ReloadRequest`, build it first under the same lock hold (one transaction). ReloadError,
-        the previous state serving, when the build fails or the worker was reloaded since."""
+        the previous state serving, when the build fails or the worker was reloaded since.
+
+        ``background=True`` (a request): its graphs are captured off the serving thread, so the
+        host calls again, at each step boundary, with the request it holds: the first call
+        builds the state aside (discarding, as superseded, one built for an older request), and
+        each call swaps it in once its graphs are ready, else returns ``HOLDING``; ``land=True``
+        swaps it in whatever is pending (``LANDED_UNREADY``: the missing sizes serve eager until
+        captured). ``release_first`` commits at the first call; a failed capture discards it."""
         self.require_direct("commit_reload")
+        if background:
+            if not isinstance(prepared, ReloadRequest):
+                raise ConfigTypeError(f"prepared={type(prepared).__name__}: background=True commits a ReloadRequest")
+            return self._commit_background(prepared, backend, graphs, land)
         policy = prepared.policy
         with self.slot.lock:
             if isinstance(prepared, ReloadRequest):  # the same two ranges as prepare, then commit
                 with span("reload_prepare", policy=policy):
                     prepared = self._build(prepared, backend, False, graphs)
             self._commit_built(prepared)
+        return CommitStatus.COMMITTED
+
+    @property
+    def capturing_state(self) -> Any:
+        """The state a background `commit` is capturing aside (not serving yet), or None."""
+        held = self._capturing  # read once: the serving thread may clear it meanwhile
+        return held[1].state if held is not None else None
+
+    def _commit_background(self, request: ReloadRequest, backend: str | None, graphs: bool,
+                           land: bool) -> CommitStatus:
+        held = self._capturing
+        if held is None or held[0] is not request:
+            self._capturing = None
+            if held is not None:  # a newer request supersedes one still capturing
+                self.discard(held[1], f"superseded by a reload to {request.args.speculative}", superseded=True)
+            with self.slot.lock, span("reload_prepare", policy=request.policy):
+                prepared = self._build(request, backend, True, graphs)
+            if request.policy == "release_first":  # swapped in now, eager until its graphs are ready
+                with self.slot.lock:
+                    self._commit_built(prepared)
+                return CommitStatus.COMMITTED
+            held = self._capturing = (request, prepared)
+        prepared = held[1]
+        ready = prepared.ready
+        if not ready and not land:
+            return CommitStatus.HOLDING
+        self._capturing = None
+        with span("commit_reload"):
+            failed = prepared.failed_sizes
+            if failed:  # build-then-swap stays transactional
+                reason = f"capture failed at sizes {sorted(failed)}: {next(iter(failed.values()))}"
+                self.discard(prepared, reason)
+                raise ReloadError(reason)
+            with self.slot.lock:
+                self._commit_built(prepared)
+        return CommitStatus.COMMITTED if ready else CommitStatus.LANDED_UNREADY
 
     def _commit_built(self, prepared: PreparedState) -> None:
         """Swap a built state in, or discard it when stale; the caller holds the lock."""

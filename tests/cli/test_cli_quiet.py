@@ -37,6 +37,15 @@ def test_the_library_loads_its_names_lazily():
     assert p.stdout.split() == ["False", "True"], p.stderr[-2000:]
 
 
+def test_the_entry_loads_no_torch_before_its_set_up():
+    """The entry lives in commands/, whose face loads `cli` (and torch) only on first use, so the
+    console's set-up still runs before torch loads; ``commands.main`` then loads it."""
+    code = ("import sys; import draftgraph.runtime.commands.entry, draftgraph.runtime.commands as c; "
+            "before = 'torch' in sys.modules; c.main; print(before, 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.stdout.split() == ["False", "True"], p.stderr[-2000:]
+
+
 def test_waiting_for_graphs_shows_units_done_of_all_on_stderr(capsys):
     from draftgraph.runtime import CudaGraphConfig, PhaseGraphConfig, RuntimeArgs, SpeculativeConfig
     from draftgraph.runtime.commands.simulate import wait_with_progress

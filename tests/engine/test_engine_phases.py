@@ -8,8 +8,9 @@ import pytest
 import torch
 from engine_support import MAX_NEW, engine_args, models, prompts, reference
 
-from draftgraph.graphs import backend_trace, record_spans
+from draftgraph.graphs import record_spans
 from draftgraph.graphs.compile.inductor import compiler_available
+from draftgraph.graphs.core import backend_trace
 from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.compile_store import CompileStore
 from draftgraph.runtime.engine import SpecDecodeEngine

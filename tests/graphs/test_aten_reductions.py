@@ -1,4 +1,4 @@
-"""Reductions kept on ATen's kernels in compiled graphs (graphs/aten_reductions.py): the rewrite
+"""Reductions kept on ATen's kernels in compiled graphs (graphs/core/aten_reductions.py): the rewrite
 leaves the graph's results unchanged, and the compile backend's replay of a graph with RMSNorm
 and softmax equals eager to the bit on data other than the capture inputs."""
 
@@ -9,8 +9,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from draftgraph.graphs import GraphCaptureManager
-from draftgraph.graphs.aten_reductions import keep_aten_reductions
 from draftgraph.graphs.compile.inductor import compiler_available
+from draftgraph.graphs.core.aten_reductions import keep_aten_reductions
 
 W = torch.linspace(-1.0, 1.0, 48, dtype=torch.float64).reshape(8, 6)
 

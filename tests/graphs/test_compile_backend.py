@@ -80,7 +80,7 @@ def test_compile_equals_fx_replay_outputs_and_writes(pair, b, seed):
     got = compiled.run({"x": x.clone(), "ids": ids.clone()}, clone=True)
     want = traced.run({"x": x.clone(), "ids": ids.clone()}, clone=True)
     # bitwise on any data, not only the capture inputs: the softmax runs ATen's kernel
-    # (graphs/aten_reductions.py), everything else compiles to the same bits
+    # (graphs/core/aten_reductions.py), everything else compiles to the same bits
     for a, e in zip(got, want):
         assert a.dtype == e.dtype and a.shape == e.shape
         assert torch.equal(a, e)

@@ -206,8 +206,8 @@ def test_a_symbolic_key_leaves_out_the_size_and_never_equals_a_per_size_key():
 
 def test_the_symbolic_code_is_stored_once_and_a_second_worker_replays_every_size_without_recording(
         tmp_path, monkeypatch):
-    from draftgraph.graphs import backend_trace
     from draftgraph.graphs.compile.worker import CompileWorker
+    from draftgraph.graphs.core import backend_trace
 
     folder = tmp_path / "store"
     _use_store(monkeypatch, folder)
@@ -255,7 +255,7 @@ def test_a_damaged_symbolic_entry_is_refused_and_compiled_again(tmp_path, monkey
 def test_a_chain_step_that_drafts_nothing_is_stored_and_loaded(tmp_path, monkeypatch):
     """Chain S=1 drafts nothing (per size inductor saves no artifact for it): whichever code is
     stored (symbolic, or per size when inductor saved nothing), a second worker loads it."""
-    from draftgraph.graphs import backend_trace
+    from draftgraph.graphs.core import backend_trace
 
     monkeypatch.setenv("DRAFTGRAPH_COMPILE_SYMBOLIC", "1")
     args = RuntimeArgs(SpeculativeConfig(1, 1), CudaGraphConfig(PhaseGraphConfig(bs=(2,))))

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftgraph.graphs import backend_trace
 from draftgraph.graphs.compile.inductor import compiler_available
+from draftgraph.graphs.core import backend_trace
 from draftgraph.runtime import (
     CudaGraphConfig,
     EagleDraftWorker,
@@ -227,7 +227,7 @@ def test_entries_renamed_among_their_keys_are_refused_and_compiled_again(tmp_pat
 def test_a_fresh_process_loads_every_size(stored_folder):
     script = textwrap.dedent(f"""
         import json
-        from draftgraph.graphs import backend_trace
+        from draftgraph.graphs.core import backend_trace
         from draftgraph.runtime import CudaGraphConfig, EagleDraftWorker, PhaseGraphConfig, RuntimeArgs
         from draftgraph.runtime import SpeculativeConfig
         from draftgraph.runtime.testing import TinyDraftModel

@@ -1,4 +1,4 @@
-"""An aten graph sent to the compile process as plain data (`graphs.graph_wire`): rebuilt node for
+"""An aten graph sent to the compile process as plain data (`graphs.core.graph_wire`): rebuilt node for
 node, with no constants a second trace would add; what cannot travel is refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from draftgraph.graphs.graph_wire import graph_from_wire, graph_to_wire
+from draftgraph.graphs.core.graph_wire import graph_from_wire, graph_to_wire
 
 
 def _step(x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -35,7 +35,7 @@ _STATE = (
     "def state():\n"
     "    return [str(signal.getsignal(signal.SIGHUP)), [str(f) for f in warnings.filters]]\n"
     "before = state()\n"
-    "import draftgraph.runtime, draftgraph.runtime.engine, draftgraph.runtime.entry\n"
+    "import draftgraph.runtime, draftgraph.runtime.engine, draftgraph.runtime.commands.entry\n"
     "from draftgraph.runtime import EagleDraftWorker\n"
     "{then}\n"
     "print(json.dumps([before, state()]))\n"
@@ -50,7 +50,7 @@ def test_import_runtime_changes_no_process_state(argv0, command, prepare):
     """Importing the library (its commands' modules included) leaves the SIGHUP handler and the
     warning filters as they were in any program, whatever ``argv`` says (issue 39: it sniffed
     argv); only the command's entry sets up its process (`runtime.console.prepare_console`, called
-    by `runtime.entry.main`: the filter for every command, the hold for simulate and generate):
+    by `runtime.commands.entry.main`: the filter for every command, the hold for simulate and generate):
     the rows where it runs show the check can fail."""
     import signal
 

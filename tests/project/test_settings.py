@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgraph.graphs import settings as graph_settings
+from draftgraph.graphs.core import settings as graph_settings
 from draftgraph.runtime import settings
 
 

@@ -75,15 +75,8 @@ def test_graphs_imports_nothing_from_runtime():
 
 
 # ---- folders run one way -------------------------------------------------------------------------
-# Folder edges (importer's folder, imported folder) that close a loop today, each with why; the
-# check removes them and then wants no loop at all (issue 50, item 4). The list may only shrink:
-# an entry whose edge is gone fails until it is removed, and a new loop fails at once.
-FOLDER_EDGES_ALLOWED: dict[tuple[str, str], str] = {
-    ("draftgraph.graphs", "draftgraph.graphs.compile"):
-        "the registry (backends.py) builds the compile backend and the manager/graph set take its "
-        "StoredCode; the compile wing builds on graphs/' trace backend and protocol",
-    ("draftgraph.runtime", "draftgraph.runtime.commands"): "entry.py, the command's front door, calls commands/cli.py",
-}
+# No allow-list: the last two loops (graphs/ <-> graphs/compile/, the top folder <-> commands/)
+# went with issue 50 (graphs/core/ below both graph folders; the entry inside commands/).
 
 
 def _folder_edges(graph: dict[str, dict[str, list]]) -> dict[str, set[str]]:
@@ -104,14 +97,32 @@ def test_the_folder_check_sees_a_loop_between_folders(tmp_path):
     assert find_cycle(_folder_edges(folder_graph(modules(root, "pkg")))) is None
 
 
+def test_a_main_module_is_its_own_node_and_a_planted_loop_beside_it_still_fails(tmp_path):
+    """x/__main__.py (run by ``python -m``, imported by none) may import y/, which imports x/;
+    the same import from any other module of x/ is a loop."""
+    root = _plant(tmp_path, {"x/__init__.py": "", "x/__main__.py": "from pkg.y import b\n", "x/d.py": "",
+                             "y/__init__.py": "", "y/b.py": "", "y/c.py": "from ..x import d\n"})
+    graph = folder_graph(modules(root, "pkg"))
+    assert graph["pkg.x.__main__"] == {"pkg.y": [("pkg.x.__main__", "pkg.y.b")]}
+    assert find_cycle(_folder_edges(graph)) is None
+    (root / "x" / "a.py").write_text("from pkg.y import b\n")
+    assert find_cycle(_folder_edges(folder_graph(modules(root, "pkg")))) in (
+        ["pkg.x", "pkg.y", "pkg.x"], ["pkg.y", "pkg.x", "pkg.y"])
+
+
+def test_no_module_imports_a_main_module():
+    """What lets a ``__main__`` module be a node of its own: nothing in the package imports one."""
+    graph = import_graph(_package_modules())
+    assert "draftgraph.runtime.__main__" in graph  # the check sees the one there is
+    assert {m: sorted(d for d in deps if d.endswith(".__main__")) for m, deps in graph.items()
+            if any(d.endswith(".__main__") for d in deps)} == {}
+
+
 def test_no_loop_between_folders():
-    """Folders import one way once the allow-listed edges are set aside; none of those is stale."""
+    """Folders import one way (issue 50, item 4): no loop in the folder graph of graphs/ and runtime/."""
     graph = folder_graph(_package_modules())
-    edges = _folder_edges(graph)
-    assert sorted(k for k in FOLDER_EDGES_ALLOWED if k[1] not in edges.get(k[0], ())) == []  # gone: remove it
-    for a, b in FOLDER_EDGES_ALLOWED:
-        edges[a].discard(b)
-    cycle = find_cycle(edges)
+    assert "draftgraph.graphs.core" in graph["draftgraph.graphs.compile"]  # the graph sees folder edges
+    cycle = find_cycle(_folder_edges(graph))
     assert cycle is None, "folder loop: " + " -> ".join(cycle or []) + "; edges: " + "; ".join(
         f"{a} -> {b}: {graph[a][b][:3]}" for a, b in zip(cycle or [], (cycle or [])[1:]))
 
@@ -120,7 +131,7 @@ def test_no_loop_between_folders():
 # (module, where the private name comes from, the name): why it is allowed. Only torch's and
 # SGLang's own privates, each without a public equivalent; our own privates never cross a module.
 PRIVATE_ALLOWED: dict[tuple[str, str, str], str] = {
-    ("draftgraph.graphs.backend_trace", "torch", "_ops"): "torch's OpOverload type has no public alias",
+    ("draftgraph.graphs.core.backend_trace", "torch", "_ops"): "torch's OpOverload type has no public alias",
     ("draftgraph.graphs.spans", "torch", "_C"): "the profiler-is-on flag lives in torch's C API only",
     ("draftgraph.graphs.compile.inductor", "torch._inductor.loop_body.InterpreterShim", "_dummy_gm"):
         "torch's own warm-up of inductor's helper graph (prepare_background_compile)",
@@ -196,7 +207,7 @@ def test_no_class_over_300_lines_and_no_function_over_80():
 
 
 # ---- environment variables -----------------------------------------------------------------------
-SETTINGS_MODULES = {"draftgraph.graphs.settings", "draftgraph.runtime.settings"}
+SETTINGS_MODULES = {"draftgraph.graphs.core.settings", "draftgraph.runtime.settings"}
 
 
 def test_the_env_check_sees_every_way_to_read_a_variable(tmp_path):

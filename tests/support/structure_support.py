@@ -261,7 +261,14 @@ def name_comparisons(path: Path, names: frozenset[str]) -> list[tuple[int, str]]
 
 
 def folder_of(module: str, path: Path) -> str:
-    """The folder (package) ``module`` lives in; a package's ``__init__`` is its own folder's."""
+    """The folder (package) ``module`` lives in; a package's ``__init__`` is its own folder's.
+
+    A ``__main__`` module is a node of its own: ``python -m`` runs it and no module imports it,
+    so its imports cannot close a loop through its folder (``runtime/__main__.py`` starts the
+    command line, which builds on the top folder). A module that did import it would still show
+    as an edge into that node, and a loop through it would still be found."""
+    if path.name == "__main__.py":
+        return module
     return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
 
 

@@ -65,7 +65,7 @@ def test_a_recorded_graph_dropped_unreleased_takes_its_fx_source_along():
     """Whatever path drops a recorded graph without `release`, its generated source goes with it."""
     import torch
 
-    from draftgraph.graphs.backend_trace import TraceBackend
+    from draftgraph.graphs.core.backend_trace import TraceBackend
 
     gc.collect()
     before = _fx_entries()
