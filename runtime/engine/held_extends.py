@@ -10,6 +10,9 @@ positions with the same inputs, so the draft proposes from the same context; its
 differ in the last bits from one-row extends (the attention over more rows at once), and the
 draft only proposes: the emitted tokens stay the target's.
 
+A plain step holds whether its verify ran eagerly or from a target-only state's graph, so
+that state captures no width-1 extend (`EnginePhases`).
+
 The host keeps the counts and first positions (no device read); the rows live on the device in
 [slots, cap, d] / [slots, cap] buffers made at first use in the verify's hidden dtype.
 """
@@ -23,7 +26,7 @@ import torch
 
 from .slot_state import SlotState
 
-__all__ = ["DEFAULT_HOLD", "HeldExtends", "RowExtender"]
+__all__ = ["DEFAULT_HOLD", "HeldExtends", "RowExtender", "holds_plain_extends"]
 
 DEFAULT_HOLD = 16  # rows a slot holds at most before they are extended anyway
 
@@ -33,6 +36,12 @@ class RowExtender(Protocol):
 
     def extend_rows(self, state: SlotState, slots: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor,
                     length: torch.Tensor, lens: torch.Tensor, lk: int) -> None: ...
+
+
+def holds_plain_extends(drafter: object) -> bool:
+    """True when plain steps hold ``drafter``'s extend (it extends given rows: `RowExtender`), so
+    a plain step needs no extend of its own, eager or graph."""
+    return callable(getattr(drafter, "extend_rows", None))
 
 
 class HeldExtends:

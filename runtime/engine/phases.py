@@ -36,6 +36,7 @@ from draftgraph.runtime.worker import GraphStep, PhaseKey
 
 from .accept_policy import SAMPLED_ACCEPT
 from .drafting import EagleDrafter, MultiLayerDrafter
+from .held_extends import holds_plain_extends
 from .model_seam import DraftTarget
 from .slot_state import StepBatch
 from .verify import Acceptance, tree_verify_mask
@@ -93,13 +94,15 @@ class EnginePhases:
     # ---- the provider -------------------------------------------------------------------------
     def __call__(self, spec: SpeculativeConfig | None, max_size: int) -> dict[str, GraphStep]:
         """Phase name -> `GraphStep` for ``spec`` at ``max_size`` rows (see the module docstring);
-        ``spec`` None: a plain target step's (S = 0: verify and extend at width 1)."""
+        ``spec`` None: a plain target step's (S = 0: the verify at width 1, and an extend at width 1
+        unless plain steps hold the drafter's extend, `holds_plain_extends`)."""
         n, width = (1, 1) if spec is None else (spec.num_draft_tokens, spec.num_steps + 1)
+        extend = self.has_extend and not (spec is None and holds_plain_extends(self.drafter))  # held: none
         steps: dict[str, GraphStep] = {}
         for lk in self.tiers:
             if "verify" in self.phases:
                 steps[PhaseKey("verify", lk).name] = self._verify_step(n, lk, max_size)
-            if self.has_extend:
+            if extend:
                 step = self.drafter.extend_step(n, width, lk, max_size, self.target.hidden_size, self.target.dtype)
                 steps[PhaseKey("extend", lk).name] = step._replace(
                     structure=self.structure("extend", n=n, width=width, lk=lk), constants=self.constants)

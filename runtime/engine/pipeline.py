@@ -22,7 +22,7 @@ from ..models.greedy import prefill
 from ..models.kv_cache import KVCache
 from .accept_policy import AcceptPolicy, accept_policy
 from .drafting import EagleDrafter, MultiLayerDrafter
-from .held_extends import HeldExtends
+from .held_extends import HeldExtends, holds_plain_extends
 from .model_seam import DraftTarget
 from .phases import EnginePhases
 from .request_table import RequestTable
@@ -48,7 +48,7 @@ class StepPipeline:
         self.eos_id = eos_id
         self.stats = stats
         # plain steps hold the head's extend until its next draft (`held_extends`)
-        self.held = HeldExtends(slots.seq_len.shape[0]) if isinstance(drafter, EagleDrafter) else None
+        self.held = HeldExtends(slots.seq_len.shape[0]) if holds_plain_extends(drafter) else None
 
     @torch.no_grad()
     def admit(self, table: RequestTable) -> None:
@@ -128,7 +128,7 @@ class StepPipeline:
             acc = policy.accept(tree, chosen, spec.num_steps if num_steps else 0, chain=spec.is_chain)
             emitted = self.commit(batch, acc, reqs)
         st.count_verify(batch.size, n, bool(num_steps), acc.lengths, emitted)
-        if self.held is not None and not num_steps and state is None:  # an eager extend: held instead
+        if self.held is not None and not num_steps:  # a plain step's extend: held instead
             with st.timed("extend"):
                 full = self.held.hold(batch.slot_list, batch.len_list, hidden, acc.tokens[:, 0],
                                       [not r.done for r in reqs])

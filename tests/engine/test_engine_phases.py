@@ -274,9 +274,10 @@ def _steps(spans) -> list[tuple[dict, list[dict]]]:
 
 
 def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_width():
-    """A schedule band at S = 0 has a target-only state whose verify and extend graphs are width
-    1; its steps replay them (padded to the band's size), the drafting band's steps replay their
-    own width-N graphs, across switches both ways, and every output is the greedy one."""
+    """A schedule band at S = 0 has a target-only state whose verify graph is width 1 (its
+    extend is held for the head's next draft, `held_extends`: no extend graph); its steps replay
+    it (padded to the band's size), the drafting band's steps replay their own width-N graphs,
+    across switches both ways, and every output is the greedy one."""
     target, head = models("eagle")
     # bands: 1-2 requests draft S = 3 (graphs at 2), 3+ plain target steps (graphs at 4)
     engine = SpecDecodeEngine(engine_args(SpeculativeConfig(3, 1), bs=(2, 4), running=6), target, head,
@@ -287,7 +288,7 @@ def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_widt
         drafting = engine.policy.controllers[0].states[3]
         assert plain.target_only and plain.capture_sizes == (4,) and plain.graphs is None
         assert plain.phases.managers["verify@512"].static_inputs["tokens"].shape == (4, 1)
-        assert plain.phases.managers["extend@512"].static_inputs["path"].shape == (4, 1)
+        assert set(plain.phases.managers) == {"verify@512"}  # the plain steps' extend is held
         assert drafting.phases.managers["verify@512"].static_inputs["tokens"].shape == (2, 4)
         assert [(s["num_steps"], s["num_draft_tokens"]) for s in engine.startup()["states"]
                 if s.get("target_only")] == [(0, 1)]
@@ -307,7 +308,7 @@ def test_a_plain_target_band_replays_its_width_1_graphs_and_never_the_other_widt
         s3 = [(served, ran) for served, ran in steps if served["S"] == 3]
         assert s0 and s3 and steps[0][0]["S"] == 3 and steps[-1][0]["S"] == 3  # both ways
         for served, ran in s0:
-            assert [a["phase"] for a in ran] == ["verify@512", "extend@512"] or served["bs"] > 4
+            assert [a["phase"] for a in ran] == ["verify@512"] or served["bs"] > 4
             for a in ran:
                 if served["bs"] <= 4:
                     assert (a["mode"], a["padded"]) == ("graph", 4), (served, a)
@@ -399,7 +400,7 @@ def test_a_draft_refit_reaches_the_captured_extend_graphs():
 
 def test_the_payoff_gate_serves_plain_steps_from_their_own_width_1_graphs():
     """Behind the gate (adaptive 0), a plain step serves from a target-only state's width-1
-    verify and extend graphs, not an eager verify beside the graphs; tokens stay greedy."""
+    verify graph, not an eager verify beside the graphs (its extend held); tokens stay greedy."""
     engine = _engine(SpeculativeConfig(2, 1), adaptive_steps=(0, 1, 2))
     try:
         plain = engine.policy.plain
@@ -407,9 +408,9 @@ def test_the_payoff_gate_serves_plain_steps_from_their_own_width_1_graphs():
         assert engine.generate([list(p) for p in prompts()], MAX_NEW) == reference()
         st = engine.stats()
         figures = plain.state.phases.describe()
-        assert set(figures) == {"verify@128", "verify@512", "extend@128", "extend@512"}
+        assert set(figures) == {"verify@128", "verify@512"}  # the plain steps' extend is held
         for name, manager in plain.state.phases.managers.items():
-            assert manager.static_inputs["tokens" if name.startswith("verify") else "hidden"].shape[1] == 1, name
+            assert manager.static_inputs["tokens"].shape[1] == 1, name
         replays = figures["verify@128"]["replays"] + figures["verify@512"]["replays"]
         assert st["payoff"]["plain_steps"] >= 3 and replays >= st["payoff"]["plain_steps"] - \
             st["phases"]["verify"]["eager_steps_by_reason"].get("above_max", 0)
