@@ -34,7 +34,7 @@ from draftgraph.runtime import SpeculativeConfig
 from draftgraph.runtime.sampling import SamplingRows
 from draftgraph.runtime.worker import GraphStep, PhaseKey
 
-from .accept_policy import SAMPLED_ACCEPT
+from .accept_policy import SAMPLED_ACCEPT, AcceptPolicy
 from .drafting import EagleDrafter, MultiLayerDrafter
 from .held_extends import holds_plain_extends
 from .model_seam import DraftTarget
@@ -69,11 +69,18 @@ def default_tiers(cache_len: int) -> tuple[int, ...]:
 class EnginePhases:
     """The phases of one engine: ``target`` with its K/V ``cache``, the ``drafter`` (an extend
     phase when it ``graphs_extend``), KV window ``tiers`` (ascending, the last = cache length)
-    and the ``phases`` to capture (a subset of `PHASE_NAMES`)."""
+    and the ``phases`` to capture (a subset of `PHASE_NAMES`).
+
+    ``choose_in_graph``: the verify graph picks each node's token itself (the sampled policy,
+    which gives greedy rows the argmax: one graph for every batch, no launch after it, what a
+    device-replay backend wants); False: the graph returns the logits and the step's own policy
+    picks after the replay (on the CPU the sampled policy's full-vocabulary sort costs about 2 ms
+    a row, paid by an all-greedy batch too; outside the graph a greedy batch takes the argmax
+    alone, and a sampled one the same `choose_tokens` as the eager road)."""
 
     def __init__(self, target: DraftTarget, cache: Any, drafter: EagleDrafter | MultiLayerDrafter,
                  tiers: Sequence[int],
-                 phases: Sequence[str] = PHASE_NAMES) -> None:
+                 phases: Sequence[str] = PHASE_NAMES, choose_in_graph: bool = True) -> None:
         tiers = tuple(tiers)
         bad = [t for t in tiers if isinstance(t, bool) or not isinstance(t, int) or t < 1]
         if bad:
@@ -90,6 +97,7 @@ class EnginePhases:
         self.tiers = tiers
         self.phases = tuple(p for p in PHASE_NAMES if p in phases)
         self.has_extend = "extend" in self.phases and drafter.graphs_extend
+        self.choose_in_graph = bool(choose_in_graph)
 
     # ---- the provider -------------------------------------------------------------------------
     def __call__(self, spec: SpeculativeConfig | None, max_size: int) -> dict[str, GraphStep]:
@@ -126,7 +134,8 @@ class EnginePhases:
             return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg)
 
         head = self.drafter.head
-        return json.dumps({"phase": phase, **shape, "target": type(self.target).__qualname__,
+        return json.dumps({"phase": phase, **shape, "choose_in_graph": self.choose_in_graph,
+                           "target": type(self.target).__qualname__,
                            "target_config": config(self.target), "draft": type(head).__qualname__,
                            "draft_config": config(head), "cache": [self.cache.slots, self.cache.max_len],
                            "dtype": str(self.target.dtype), "device": str(self.cache.k[0].device)},
@@ -158,7 +167,7 @@ class EnginePhases:
             "tree_mask": torch.ones(rows, n, n, dtype=torch.bool, device=dev),
             **{f: torch.zeros(rows, dtype=t, device=dev) for f, t in _SAMPLING_FIELDS},
         }
-        target, cache = self.target, self.cache
+        target, cache, choose = self.target, self.cache, self.choose_in_graph
 
         def verify(tokens: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor,
                    tree_mask: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
@@ -167,6 +176,8 @@ class EnginePhases:
             write = lens[:, None] + torch.arange(width, device=lens.device)[None]
             mask = tree_verify_mask(tree_mask, lens, lk)
             logits, hidden = target(tokens, positions, write, slots, mask, cache)
+            if not choose:  # the step's policy picks after the replay
+                return logits, hidden
             rows = SamplingRows(temperature, top_p, top_k, min_p, seed)
             return SAMPLED_ACCEPT.choose(logits, positions, rows), hidden
 
@@ -197,10 +208,11 @@ class EnginePhases:
                 pass
         return eager()
 
-    def verify(self, state: Any, batch: StepBatch, tree: Any, n: int, eager: Any
+    def verify(self, state: Any, batch: StepBatch, tree: Any, n: int, eager: Any, policy: AcceptPolicy
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(each node's token [b, N], hidden [b, N, d]) of the verify tree, from the state's graph
-        for the batch's tier, or ``eager()`` (which returns the same, by the step's policy)."""
+        for the batch's tier, or ``eager()`` (which returns the same, by the step's ``policy``;
+        the same ``policy`` picks from a graph's logits when the graph does not choose)."""
         if "verify" not in self.phases:
             return eager()
         b = batch.size
@@ -209,7 +221,14 @@ class EnginePhases:
                   "slots": batch.slots, "tree_mask": tree.tree_mask,
                   "temperature": rows.temperature, "top_p": rows.top_p, "top_k": rows.top_k, "min_p": rows.min_p,
                   "seed": rows.seed}
-        return self.run(state, PhaseKey("verify", self.tier(batch, n)).name, inputs, eager)
+        name = PhaseKey("verify", self.tier(batch, n)).name
+        if self.choose_in_graph:
+            return self.run(state, name, inputs, eager)
+        out = self.run(state, name, inputs, lambda: None)  # None: no graph served (counted by reason)
+        if out is None:
+            return eager()
+        logits, hidden = out
+        return policy.choose(logits, inputs["positions"], rows), hidden
 
     def extend(self, state: Any, batch: StepBatch, hidden: torch.Tensor, acc: Acceptance,
                alive: torch.Tensor, eager: Any) -> Any:
@@ -242,4 +261,5 @@ def engine_phases(target: DraftTarget, cache: Any, drafter: EagleDrafter | Multi
     if not graph_phases:
         return None
     tiers = default_tiers(cache.max_len) if kv_tiers is None else tuple(kv_tiers)
-    return EnginePhases(target, cache, drafter, tiers, graph_phases)
+    on_device = capabilities(backend, device=cache.k[0].device).replays_on_device
+    return EnginePhases(target, cache, drafter, tiers, graph_phases, choose_in_graph=on_device)

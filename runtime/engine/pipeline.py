@@ -169,7 +169,7 @@ class StepPipeline:
             return policy.choose(logits, tree.positions.view(batch.size, n), batch.sampling), hidden
 
         if state is not None:
-            return self.phases.verify(state, batch, tree, n, eager)
+            return self.phases.verify(state, batch, tree, n, eager, policy)
         return eager()
 
     def verify_eager(self, batch: StepBatch, tree: VerifyTree, n: int) -> tuple[torch.Tensor, torch.Tensor]:

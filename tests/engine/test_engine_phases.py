@@ -417,3 +417,30 @@ def test_the_payoff_gate_serves_plain_steps_from_their_own_width_1_graphs():
         assert replays > 0
     finally:
         engine.close()
+
+
+def test_on_the_cpu_the_verify_graph_returns_logits_and_the_step_policy_picks():
+    """A host-replay backend's verify graph returns the logits [b, N, V] (no full-vocabulary sort
+    inside it for an all-greedy batch); the step's policy picks after the replay, and tokens stay
+    greedy. A device-replay backend's graph picks itself (`choose_in_graph`)."""
+    engine = _engine(SpeculativeConfig(2, 1))
+    try:
+        phases = engine.pipeline.phases
+        assert phases.choose_in_graph is False
+        manager = engine.worker.state.phases.managers["verify@128"]
+        static = manager.static_inputs
+        logits, hidden = manager.run({k: v[:2].clone() for k, v in static.items()}, clone=True)
+        assert logits.shape == (2, static["tokens"].shape[1], engine.pipeline.target.vocab_size)
+        assert logits.dtype.is_floating_point and hidden.shape[:2] == logits.shape[:2]
+        assert _run(engine) == reference()
+        assert engine.stats()["phases"]["verify"]["replays"] > 0
+        target = engine.pipeline.target
+        for choose, dtype in ((True, torch.long), (False, target.dtype)):
+            other = EnginePhases(target, target.new_cache(3), engine.drafter, (512,), ("verify",),
+                                 choose_in_graph=choose)
+            step = other(None, 2)["verify@512"]  # a plain step's width-1 verify (pad rows: slot 0)
+            with torch.no_grad():
+                first, _ = step.step(**{k: v.clone() for k, v in step.static_inputs.items()})
+            assert first.dtype == dtype and first.shape[:2] == (2, 1), choose
+    finally:
+        engine.close()
