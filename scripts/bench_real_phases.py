@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts per round (the shipped set's tail)")
+    p.add_argument("--tiers", type=int, nargs="+", default=list(TIERS),
+                   help=f"KV window tiers, ascending, the last = {MAX_LEN} (default: %(default)s)")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
                        max_running_requests=1)
     start = time.perf_counter()
     compiled = SpecDecodeEngine(args, target, draft, backend="compile", capture="blocking",
-                                graph_phases=("verify", "extend"), kv_tiers=TIERS, adaptive_steps=GATE, eos_id=eos)
+                                graph_phases=("verify", "extend"), kv_tiers=tuple(a.tiers), adaptive_steps=GATE,
+                                eos_id=eos)
     ready_s = time.perf_counter() - start
     print(f"compiled phases ready in {ready_s:.0f} s", file=sys.stderr)
     eager = SpecDecodeEngine(args, target, draft, backend="eager", adaptive_steps=GATE, eos_id=eos)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
                               "tokens_per_s", vals, backend=name, ratios={"vs_generate": vs}))
     phases = stats["draftgraph compiled phases gated"]["phases"]
     extra = {"model": choice.name, "weights": "Q4_1 codes, int4 kernel (stream float64)", "head": str(head),
-             "gate": list(GATE), "kv_tiers": list(TIERS), "new_tokens": n, "rounds": a.rounds,
+             "gate": list(GATE), "kv_tiers": list(a.tiers), "new_tokens": n, "rounds": a.rounds,
              "compiled_ready_s": ready_s,
              "phase_graphs": {k: {"graphs": v["graphs"], "replays": v["replays"], "compile_s": v["compile_s"],
                                   "eager_steps_by_reason": v["eager_steps_by_reason"]} for k, v in phases.items()},
